@@ -1,0 +1,1 @@
+"""`mlxd bench`: side-by-side benchmarks against mlx-lm. Lands with the engine issue."""

@@ -1,0 +1,36 @@
+"""`mlxd`: one entry point, one module per subcommand."""
+
+import argparse
+import sys
+
+from ..model.errors import ModelLoadError
+from . import convert, generate
+
+SUBCOMMANDS = {"generate": generate, "convert": convert}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mlxd",
+        description="A local LLM engine on MLX: a bit-exact drop-in for mlx-lm.",
+    )
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS.values():
+        module.add_parser(subs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        sys.exit(2)
+    try:
+        SUBCOMMANDS[args.command].run(args)
+    except ModelLoadError as e:
+        # A bad model reference is the user's to fix: one line, no traceback.
+        print(f"mlxd {args.command}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

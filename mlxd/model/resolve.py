@@ -1,0 +1,81 @@
+"""Turn a model reference into a local MLX model folder: a folder, a GGUF file, a Hugging Face
+repo id (local cache first, `HF_HUB_OFFLINE` respected), or nothing (the embedded default)."""
+
+import os
+from pathlib import Path
+
+from .errors import ModelLoadError
+
+# The files mlx-lm needs from a repo (its DEFAULT_ALLOW_PATTERNS).
+ALLOW_PATTERNS = [
+    "*.json",
+    "model*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.startswith((".", "/", "~")) or ref.endswith(".gguf") or ref.count("/") != 1
+
+
+def _from_hf(repo: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(
+            snapshot_download(
+                repo, revision=revision, allow_patterns=ALLOW_PATTERNS, local_files_only=True
+            )
+        )
+    except LocalEntryNotFoundError:
+        pass
+    except Exception as e:  # noqa: BLE001 - a bad id raises several hub errors; all mean "not here"
+        if not isinstance(e, (ValueError, OSError, HfHubHTTPError)):
+            raise
+    if _offline():
+        raise ModelLoadError(
+            f"model '{repo}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+        )
+    try:
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
+    except Exception as e:  # noqa: BLE001 - network, auth and not-found all end the same way
+        raise ModelLoadError(
+            f"model '{repo}' is neither a local path nor in the local Hugging "
+            f"Face cache, and downloading it failed: {type(e).__name__}"
+        ) from e
+
+
+def resolve_model(ref: str | os.PathLike | None, revision: str | None = None) -> Path:
+    """The local folder holding config.json, weights and tokenizer for `ref`."""
+    if ref is None:
+        from .default import default_model_path
+
+        return default_model_path()
+    path = Path(ref).expanduser()
+    if path.is_file():
+        if path.suffix == ".gguf" or path.read_bytes()[:4] == b"GGUF":
+            from .gguf import convert_gguf
+
+            return convert_gguf(path)
+        raise ModelLoadError(f"{path}: not a model folder or a GGUF file")
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").exists() and len(ggufs) == 1:
+            from .gguf import convert_gguf
+
+            return convert_gguf(ggufs[0])
+        return path
+    if _looks_like_path(str(ref)):
+        raise ModelLoadError(f"{path}: no such file or directory")
+    return _from_hf(str(ref), revision)

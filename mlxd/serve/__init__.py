@@ -1,0 +1,1 @@
+"""Layer 4: the HTTP surface (OpenAI, Anthropic, Responses). Lands with the server issue."""
