@@ -1,9 +1,11 @@
 """The Python generation API with mlx-lm's signatures and results.
 
-For now these run mlx-lm's own serial and batch loops; the engine issue moves them onto
-mlxd's engine, and the parity tests (tests/parity) keep them bit-exact through that move.
+`stream_generate` / `generate` run on mlxd's Engine (one per model, its own thread);
+`batch_generate` and drafting still run mlx-lm's loops until the engine batches rows.
+The parity tests (tests/parity) hold all of them bit-exact to mlx-lm.
 """
 
+import time
 from collections.abc import Generator
 from typing import Any
 
@@ -13,6 +15,23 @@ from mlx_lm.generate import BatchResponse, GenerationResponse
 from mlx_lm.generate import batch_generate as _mlx_batch_generate
 from mlx_lm.generate import stream_generate as _mlx_stream_generate
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from .handle import RequestHandle
+from .registry import engine_for
+from .request import GenerationRequest
+from .rng import current_key, set_key
+
+
+def _encode(tokenizer: TokenizerWrapper, prompt: str | mx.array | list[int]) -> mx.array:
+    """mlx-lm's rule: string prompts get special tokens unless they already start with BOS."""
+    if isinstance(prompt, mx.array):
+        return prompt
+    if isinstance(prompt, str):
+        bos = tokenizer.bos_token
+        prompt = tokenizer.encode(
+            prompt, add_special_tokens=bos is None or not prompt.startswith(bos)
+        )
+    return mx.array(prompt)
 
 
 def stream_generate(
@@ -24,8 +43,89 @@ def stream_generate(
     **kwargs: Any,
 ) -> Generator[GenerationResponse, None, None]:
     """Yield a GenerationResponse per token; the last one carries finish_reason."""
-    yield from _mlx_stream_generate(
-        model, tokenizer, prompt, max_tokens=max_tokens, draft_model=draft_model, **kwargs
+    if draft_model is not None:
+        # Drafting is not on the engine yet: mlx-lm's speculative loop, unchanged.
+        yield from _mlx_stream_generate(
+            model, tokenizer, prompt, max_tokens=max_tokens, draft_model=draft_model, **kwargs
+        )
+        return
+    if max_tokens == 0:
+        raise ValueError("Maximum number of tokens must be non-zero (use -1 for no limit).")
+    if not isinstance(tokenizer, TokenizerWrapper):
+        tokenizer = TokenizerWrapper(tokenizer)
+    prompt = _encode(tokenizer, prompt)
+    kwargs.pop("num_draft_tokens", None)
+    kwargs.pop("stream", None)  # the engine thread owns its stream
+    eos = frozenset(tokenizer.eos_token_ids)
+    req = GenerationRequest(
+        prompt=prompt, max_tokens=max_tokens, stop_token_ids=eos, random_key=current_key(), **kwargs
+    )
+    handle = engine_for(model).submit(req)
+    detokenizer = tokenizer.detokenizer
+    finished = False
+    try:
+        yield from _responses(handle, detokenizer, prompt.size, max_tokens, eos)
+        finished = True
+    finally:
+        handle.cancel()  # a consumer that stops early frees the row
+    if finished and (key := handle.wait().random_key) is not None:
+        set_key(key)  # the caller's PRNG advances as it would have under mlx-lm
+
+
+def _responses(
+    handle: RequestHandle, detokenizer: Any, n_prompt: int, max_tokens: int, eos: frozenset[int]
+) -> Generator[GenerationResponse, None, None]:
+    """mlx-lm's stream_generate loop over the engine's events (same fields, same order)."""
+    token, logprobs = None, None
+    tic = time.perf_counter()
+    for n, event in enumerate(handle):
+        token, logprobs = event.token, event.logprobs
+        if n == 0:
+            prompt_time = time.perf_counter() - tic
+            prompt_tps = n_prompt / prompt_time
+            tic = time.perf_counter()
+        if token in eos:
+            break
+        detokenizer.add_token(token)
+        if (n + 1) == max_tokens:
+            break
+        yield _response(detokenizer.last_segment, token, logprobs, n, n_prompt, prompt_tps, tic)
+    if token is None:  # the engine closed before the first token
+        return
+    detokenizer.finalize()
+    yield _response(
+        detokenizer.last_segment,
+        token,
+        logprobs,
+        n,
+        n_prompt,
+        prompt_tps,
+        tic,
+        "stop" if token in eos else "length",
+    )
+
+
+def _response(
+    text: str,
+    token: int,
+    logprobs: mx.array,
+    n: int,
+    n_prompt: int,
+    prompt_tps: float,
+    tic: float,
+    finish_reason: str | None = None,
+) -> GenerationResponse:
+    return GenerationResponse(
+        text=text,
+        token=token,
+        logprobs=logprobs,
+        from_draft=False,
+        prompt_tokens=n_prompt,
+        prompt_tps=prompt_tps,
+        generation_tokens=n + 1,
+        generation_tps=(n + 1) / (time.perf_counter() - tic),
+        peak_memory=mx.get_peak_memory() / 1e9,
+        finish_reason=finish_reason,
     )
 
 

@@ -1,9 +1,5 @@
 """GGUF → MLX folder conversion (cached under MLXD_HOME, keyed by the file's hash)."""
 
-from pathlib import Path
+from .convert import convert_gguf
 
-
-def convert_gguf(
-    path: Path, out: Path | None = None, dtype: str | None = None, force: bool = False
-) -> Path:
-    raise NotImplementedError("GGUF conversion is being written")
+__all__ = ["convert_gguf"]

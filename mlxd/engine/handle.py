@@ -1,0 +1,75 @@
+"""The caller's side of a submitted request: a stream of events, usable from threads or asyncio."""
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+from .request import DoneEvent, TokenEvent
+
+Event = TokenEvent | DoneEvent
+
+
+class RequestHandle:
+    """Iterate for TokenEvents (blocking or `async for`); `done` holds the final DoneEvent."""
+
+    def __init__(self) -> None:
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._cancel = threading.Event()
+        self._watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._lock = threading.Lock()
+        self.done: DoneEvent | None = None
+
+    # engine side
+    def put(self, event: Event) -> None:
+        self._events.put(event)
+        with self._lock:
+            watchers = list(self._watchers)
+        for loop, flag in watchers:
+            loop.call_soon_threadsafe(flag.set)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    # caller side
+    def cancel(self) -> None:
+        """Ask the engine to drop the row at its next safe point (frees its caches)."""
+        self._cancel.set()
+
+    def _finish(self, event: DoneEvent) -> None:
+        self.done = event
+        if event.reason == "error" and event.error is not None:
+            raise event.error
+
+    def wait(self) -> DoneEvent:
+        """Block until the row has ended (dropping any unread tokens); its DoneEvent."""
+        for _ in self:
+            pass
+        assert self.done is not None
+        return self.done
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        while self.done is None:
+            event = self._events.get()
+            if isinstance(event, DoneEvent):
+                self._finish(event)
+            else:
+                yield event
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        flag = asyncio.Event()
+        with self._lock:
+            self._watchers.append((asyncio.get_running_loop(), flag))
+        while self.done is None:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                flag.clear()
+                if self._events.empty():
+                    await flag.wait()
+                continue
+            if isinstance(event, DoneEvent):
+                self._finish(event)
+            else:
+                yield event

@@ -1,0 +1,38 @@
+"""Per-row PRNG keys on the engine thread. MLX keeps one key per thread; a row carries the
+caller's key so `mx.random.seed(s)` before a call gives mlx-lm's samples, whatever thread runs."""
+
+import mlx.core as mx
+
+
+def current_key() -> tuple[int, int]:
+    """This thread's key as two ints (evaluates the pending key splits, a tiny graph)."""
+    hi, lo = mx.random.state[0].tolist()
+    return int(hi), int(lo)
+
+
+def set_key(key: tuple[int, int]) -> None:
+    """Make this thread's key exactly `key` (mx.random.key(s) is [s >> 32, s & 0xffffffff])."""
+    mx.random.seed((key[0] << 32) | key[1])
+
+
+class KeyOwner:
+    """Tracks which row's key the engine thread holds, swapping only when another row needs it."""
+
+    def __init__(self) -> None:
+        self.owner: object | None = None
+        self.keys: dict[int, tuple[int, int]] = {}
+
+    def enter(self, row: object, initial: tuple[int, int] | None) -> None:
+        if initial is None or self.owner is row:
+            return
+        if self.owner is not None:
+            self.keys[id(self.owner)] = current_key()
+        set_key(self.keys.pop(id(row), initial))
+        self.owner = row
+
+    def leave(self, row: object) -> tuple[int, int] | None:
+        """The row ended: its final key, if it had one."""
+        if self.owner is row:
+            self.owner = None
+            return current_key()
+        return self.keys.pop(id(row), None)

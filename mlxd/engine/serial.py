@@ -1,0 +1,117 @@
+"""The B=1 row: mlx-lm's generate_step, op for op, cut into resumable units of work.
+
+A row alternates `advance()` calls with other rows; the ops it enqueues for itself are the
+ones generate_step enqueues, in the same order, so its tokens and logprobs are the same bits.
+"""
+
+import functools
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import maybe_quantize_kv_cache
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
+from mlx_lm.utils import does_model_support_input_embeddings
+
+from .request import GenerationRequest, TokenEvent
+
+
+def validate(req: GenerationRequest, model: Any) -> None:
+    """generate_step's argument checks, raised at submit time with its messages."""
+    if req.max_tokens == 0:
+        raise ValueError("Maximum number of tokens must be non-zero (use -1 for no limit).")
+    emb, n = req.input_embeddings, len(req.prompt)
+    if emb is not None:
+        if not does_model_support_input_embeddings(model):
+            raise ValueError("Model does not support input embeddings.")
+        if n > 0 and n != len(emb):
+            raise ValueError(
+                f"When providing input_embeddings, their sequence length ({len(emb)}) "
+                f"must match the sequence length of the prompt ({n}), or the "
+                "prompt must be empty."
+            )
+    elif n == 0:
+        raise ValueError("Either input_embeddings or prompt (or both) must be provided.")
+
+
+class SerialRow:
+    """A lone row on plain serial caches. `advance()` does one unit: a prefill chunk or a step."""
+
+    def __init__(self, model: Any, req: GenerationRequest, stream: Any) -> None:
+        self.model, self.req, self.stream = model, req, stream
+        self.cache = req.prompt_cache or make_prompt_cache(model, max_kv_size=req.max_kv_size)
+        self.quantize = functools.partial(
+            maybe_quantize_kv_cache,
+            quantized_kv_start=req.quantized_kv_start,
+            kv_group_size=req.kv_group_size,
+            kv_bits=req.kv_bits,
+        )
+        self.sampler = req.sampler or greedy_sampler
+        self.progress = req.prompt_progress_callback or (lambda *_: None)
+        self.prompt, self.emb = req.prompt, req.input_embeddings
+        self.total = len(self.emb) if self.emb is not None else len(self.prompt)
+        self.processed = 0
+        self.tokens: mx.array | None = None  # history the logits processors see
+        self.y: mx.array | None = None  # pipeline register: the token being computed
+        self.logprobs: mx.array | None = None
+        self.n = 0
+        self.progress(0, self.total)
+
+    def _call(self, tokens: mx.array, emb: mx.array | None) -> mx.array:
+        if emb is not None:
+            return self.model(tokens, cache=self.cache, input_embeddings=emb)
+        return self.model(tokens, cache=self.cache)
+
+    def _step(self, tokens: mx.array, emb: mx.array | None = None) -> tuple[mx.array, mx.array]:
+        with mx.stream(self.stream):
+            logits = self._call(tokens[None], emb[None] if emb is not None else None)[:, -1, :]
+            procs = self.req.logits_processors
+            if procs and len(tokens) > 0:
+                self.tokens = tokens if self.tokens is None else mx.concat([self.tokens, tokens])
+                for processor in procs:
+                    logits = processor(self.tokens, logits)
+            self.quantize(self.cache)
+            logprobs = logits - mx.logsumexp(logits, keepdims=True)
+            return self.sampler(logprobs), logprobs.squeeze(0)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.y is None
+
+    def prefill_chunk(self) -> None:
+        """One chunk of prompt (all but the last token, as generate_step), or the first step."""
+        with mx.stream(self.stream):
+            if self.total - self.processed > 1:
+                n = min(self.req.prefill_step_size, self.total - self.processed - 1)
+                chunk = self.prompt[:n]
+                self._call(chunk[None], self.emb[:n][None] if self.emb is not None else None)
+                self.quantize(self.cache)
+                mx.eval([c.state for c in self.cache])
+                if self.req.logits_processors and len(chunk) > 0:
+                    self.tokens = chunk if self.tokens is None else mx.concat([self.tokens, chunk])
+                self.processed += n
+                self.progress(self.processed, self.total)
+                self.prompt = self.prompt[n:]
+                self.emb = self.emb[n:] if self.emb is not None else None
+                mx.clear_cache()
+                return
+            self.y, self.logprobs = self._step(self.prompt, self.emb)
+            mx.async_eval(self.y, self.logprobs)
+
+    def decode(self) -> TokenEvent | None:
+        """Dispatch the next step, then read back the current token (None when max reached)."""
+        req = self.req
+        if self.n != req.max_tokens:
+            next_y, next_lp = self._step(self.y)
+            mx.async_eval(next_y, next_lp)
+        if self.n == 0:
+            mx.eval(self.y)
+            self.progress(self.total, self.total)
+        if self.n == req.max_tokens:
+            return None
+        event = TokenEvent(self.y.item(), self.logprobs)
+        if self.n % 256 == 0:
+            mx.clear_cache()
+        self.y, self.logprobs = next_y, next_lp
+        self.n += 1
+        return event
