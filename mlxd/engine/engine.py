@@ -6,19 +6,62 @@ is bit-exact with mlx-lm's generate_step whatever else runs; merging rows into o
 is the engine issue's next step.
 """
 
+import atexit
 import collections
 import threading
-import time
 import weakref
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
+
+# mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
 from mlx_lm.generate import generation_stream
 
 from .handle import RequestHandle
 from .request import DoneEvent, GenerationRequest
 from .rng import KeyOwner
 from .serial import SerialRow, validate
+from .threads import run_on_worker
+
+_live: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    # An engine thread still inside MLX at interpreter exit aborts the process: join them first.
+    for engine in list(_live):
+        engine.close()
+
+
+def materialize(*trees: Any) -> None:
+    """Evaluate every array reachable from modules/caches in the calling thread.
+
+    MLX streams are per thread: a lazy array built in the caller (e.g. a rope module's private
+    `_freqs`) cannot be evaluated on the engine thread, so it is computed here first.
+    """
+    arrays: list[mx.array] = []
+    seen: set[int] = set()
+
+    def visit(x: Any) -> None:
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, mx.array):
+            arrays.append(x)
+        elif isinstance(x, dict | list | tuple):
+            for v in x.values() if isinstance(x, dict) else x:
+                visit(v)
+        elif hasattr(x, "__dict__") and not callable(x) or isinstance(x, nn.Module):
+            for v in vars(x).values():
+                visit(v)
+            if isinstance(x, nn.Module):
+                for v in x.values():
+                    visit(v)
+
+    for tree in trees:
+        visit(tree)
+    mx.eval(arrays)
 
 
 class Overloaded(RuntimeError):
@@ -33,6 +76,7 @@ class Engine:
             raise ValueError("batch must be >= 1")
         # weak_model: the Python API's engines must not keep a dropped model alive.
         self._model = weakref.ref(model) if weak_model else (lambda: model)
+        materialize(model)
         self.batch, self.max_queue = batch, max_queue
         self._waiting: collections.deque[tuple[GenerationRequest, RequestHandle]] = (
             collections.deque()
@@ -41,8 +85,10 @@ class Engine:
         self._wake = threading.Condition()
         self._closed = False
         self._keys = KeyOwner()
-        self._thread = threading.Thread(target=self._loop, name="mlxd-engine", daemon=True)
-        self._thread.start()
+        self._ended: list[tuple[RequestHandle, DoneEvent]] = []
+        self._stopped = threading.Event()
+        self._thread = run_on_worker(self._loop, self._stopped)
+        _live.add(self)
 
     @property
     def model(self) -> Any:
@@ -53,6 +99,7 @@ class Engine:
 
     def submit(self, req: GenerationRequest) -> RequestHandle:
         validate(req, self.model)
+        materialize(req.prompt, req.input_embeddings, req.prompt_cache)
         handle = RequestHandle()
         with self._wake:
             if self._closed:
@@ -72,7 +119,7 @@ class Engine:
             self._closed = True
             self._wake.notify()
         if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
+            self._stopped.wait(timeout=30)
 
     # engine thread
     def _admit(self) -> None:
@@ -90,7 +137,8 @@ class Engine:
                     handle.put(DoneEvent("error", e))
 
     def _end(self, row: SerialRow, handle: RequestHandle, reason: str, error=None) -> bool:
-        handle.put(DoneEvent(reason, error, random_key=self._keys.leave(row)))
+        # Delivered by _turn once the row's caches are released.
+        self._ended.append((handle, DoneEvent(reason, error, random_key=self._keys.leave(row))))
         return True
 
     def _work(self, row: SerialRow, handle: RequestHandle) -> bool:
@@ -109,26 +157,39 @@ class Engine:
             return self._end(row, handle, "stop")
         return False
 
+    def _turn(self) -> None:
+        """One unit of work for every active row; ended rows leave (a method, so no local
+        variable keeps a finished row's caches alive while the thread waits)."""
+        finished = []
+        for row, handle in self._active:
+            try:
+                if self._work(row, handle):
+                    finished.append(row)
+            except Exception as e:  # noqa: BLE001 - one bad row never stops the engine
+                self._end(row, handle, "error", e)
+                finished.append(row)
+        if finished:
+            self._active = [(r, h) for r, h in self._active if r not in finished]
+            del finished, row
+            if not self._active:
+                mx.clear_cache()
+        ended, self._ended = self._ended, []
+        for handle, event in ended:
+            handle.put(event)
+
+    def _shutdown(self) -> None:
+        for _, handle in self._active:
+            handle.put(DoneEvent("cancelled"))
+        self._active = []
+        with self._wake:
+            for _, handle in self._waiting:
+                handle.put(DoneEvent("cancelled"))
+            self._waiting.clear()
+
     def _loop(self) -> None:
         while True:
             self._admit()
             if self._closed:
-                for _, handle in self._active:
-                    handle.put(DoneEvent("cancelled"))
-                with self._wake:
-                    for _, handle in self._waiting:
-                        handle.put(DoneEvent("cancelled"))
+                self._shutdown()
                 return
-            finished = []
-            for row, handle in self._active:
-                try:
-                    if self._work(row, handle):
-                        finished.append(row)
-                except Exception as e:  # noqa: BLE001 - one bad row never stops the engine
-                    self._end(row, handle, "error", e)
-                    finished.append(row)
-            if finished:
-                self._active = [(r, h) for r, h in self._active if r not in finished]
-                time.sleep(0)
-                if not self._active:
-                    mx.clear_cache()
+            self._turn()
