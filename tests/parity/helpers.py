@@ -17,6 +17,13 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+# A prompt text (46 Qwen3 tokens) that the tests slice into prompts of the lengths they need.
+PROMPT_TEXT = (
+    "The lighthouse keeper counted the ships every evening, writing their names in a blue "
+    "notebook. One night a vessel with no name appeared on the horizon, its lanterns green "
+    "instead of white, and the keeper reached for his pen."
+)
+
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _MX_UINT_OF_SIZE = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}
 

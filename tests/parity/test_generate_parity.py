@@ -22,6 +22,7 @@ from fixtures.tiny_models import ARCHS, EOS_ID
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 from parity.helpers import (
+    PROMPT_TEXT,
     Pair,
     StreamRun,
     assert_bitwise_equal,
@@ -36,11 +37,6 @@ import mlxd
 NEWLINE_ID = 198  # "\n" in the Qwen3 vocabulary (checked in test_load_parity)
 XTC_SPECIAL = [EOS_ID, NEWLINE_ID]  # what mlx-lm's server passes as xtc_special_tokens
 
-PROMPT_TEXT = (
-    "The lighthouse keeper counted the ships every evening, writing their names in a blue "
-    "notebook. One night a vessel with no name appeared on the horizon, its lanterns green "
-    "instead of white, and the keeper reached for his pen."
-)
 SHORT, LONG = 5, 40  # prompt lengths in tokens; prefill steps of 8 / 16 split LONG, not SHORT
 
 CHAT_MESSAGES = [
@@ -406,9 +402,10 @@ def test_generate_text_parity(loaded_pair, arch: str, capsys: pytest.CaptureFixt
 # The comparison must be able to fail.
 
 
-@pytest.fixture(scope="module")
-def qwen3_ref(tiny_model):
-    return mlx_lm.load(str(tiny_model("qwen3")))
+@pytest.fixture
+def qwen3_ref(loaded_pair):
+    pair = loaded_pair("qwen3")
+    return pair.ref_model, pair.ref_tok  # only read here
 
 
 def test_sanity_different_seeds_are_caught(qwen3_ref) -> None:
@@ -471,3 +468,58 @@ def test_sanity_parameter_and_error_differences_are_caught(qwen3_ref, tiny_model
         assert_same_run(failed, ok)
     with pytest.raises(AssertionError, match="error"):
         assert_same_run(failed, StreamRun(error=(ValueError, "RotatingKVCache Quantization NYI")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Order independence: in a fresh interpreter, mlxd generates before mlx-lm ever has (the other
+# tests always run mlx-lm first, which could hide state that mlxd relies on).
+
+FRESH_ARCHS = ("llama", "gemma3", "lfm2")
+
+_FRESH_SCRIPT = """
+import sys
+sys.path.insert(0, {tests_dir!r})
+import mlx_lm
+from mlx_lm.sample_utils import make_sampler
+import mlxd
+from parity.helpers import PROMPT_TEXT, assert_same_run, run_stream
+
+failures = []
+for arch, folder in {folders!r}:
+    got_model, got_tok = mlxd.load(folder)
+    prompt = got_tok.encode(PROMPT_TEXT)[:5]
+    runs = []
+    for sampler in (None, dict(temp=1.0)):
+        kw = dict(max_tokens=8, prefill_step_size=8)
+        if sampler:
+            kw["sampler"] = make_sampler(**sampler)
+        got = run_stream(mlxd.stream_generate, got_model, got_tok, prompt, seed=3, **kw)
+        runs.append((kw, got))
+    ref_model, ref_tok = mlx_lm.load(folder)
+    for kw, got in runs:
+        if "sampler" in kw:
+            kw["sampler"] = make_sampler(temp=1.0)
+        ref = run_stream(mlx_lm.stream_generate, ref_model, ref_tok, prompt, seed=3, **kw)
+        assert ref.error is None, ref.error
+        try:
+            assert_same_run(ref, got, arch + (" sampled" if "sampler" in kw else " greedy"))
+        except AssertionError as e:
+            failures.append(str(e))
+print("\\n".join(failures) if failures else "PARITY-OK")
+"""
+
+
+def test_fresh_process_mlxd_generates_first(tiny_model) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folders = [(arch, str(tiny_model(arch))) for arch in FRESH_ARCHS]
+    script = _FRESH_SCRIPT.format(
+        tests_dir=str(Path(__file__).resolve().parents[1]), folders=folders
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0 or proc.stdout.strip() != "PARITY-OK":
+        pytest.fail(proc.stdout + proc.stderr[-3000:], pytrace=False)
