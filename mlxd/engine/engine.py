@@ -1,9 +1,9 @@
 """The Engine: one thread owns all MLX work; callers submit requests and read events.
 
-Rows are admitted FIFO up to `batch`; each loop turn gives every active row one unit of work
-(a prefill chunk or a decode step). Today every row runs on its own serial caches, so each row
-is bit-exact with mlx-lm's generate_step whatever else runs; merging rows into one batched step
-is the engine issue's next step.
+A lone row runs on plain serial caches: mlx-lm's generate_step, op for op (`serial.py`).
+When a second row joins, the serial row hands its caches to the batched step (`batch.py`,
+mlx-lm's BatchGenerator pieces) and every row runs there until the batch drains. Requests the
+batched step cannot run (quantized KV, ...) run alone, never silently downgraded.
 """
 
 import atexit
@@ -13,14 +13,15 @@ import weakref
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 
 # mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
 from mlx_lm.generate import generation_stream
 
+from .batch import BatchedRow, BatchedRows, batchable
 from .handle import RequestHandle
-from .request import DoneEvent, GenerationRequest
-from .rng import KeyOwner
+from .materialize import materialize
+from .request import DoneEvent, GenerationRequest, TokenEvent
+from .rng import KeyOwner, set_key
 from .serial import SerialRow, validate
 from .threads import run_on_worker
 
@@ -29,39 +30,9 @@ _live: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
 @atexit.register
 def _close_all() -> None:
-    # An engine thread still inside MLX at interpreter exit aborts the process: join them first.
+    # An engine thread still inside MLX at interpreter exit aborts the process: stop them first.
     for engine in list(_live):
         engine.close()
-
-
-def materialize(*trees: Any) -> None:
-    """Evaluate every array reachable from modules/caches in the calling thread.
-
-    MLX streams are per thread: a lazy array built in the caller (e.g. a rope module's private
-    `_freqs`) cannot be evaluated on the engine thread, so it is computed here first.
-    """
-    arrays: list[mx.array] = []
-    seen: set[int] = set()
-
-    def visit(x: Any) -> None:
-        if id(x) in seen:
-            return
-        seen.add(id(x))
-        if isinstance(x, mx.array):
-            arrays.append(x)
-        elif isinstance(x, dict | list | tuple):
-            for v in x.values() if isinstance(x, dict) else x:
-                visit(v)
-        elif hasattr(x, "__dict__") and not callable(x) or isinstance(x, nn.Module):
-            for v in vars(x).values():
-                visit(v)
-            if isinstance(x, nn.Module):
-                for v in x.values():
-                    visit(v)
-
-    for tree in trees:
-        visit(tree)
-    mx.eval(arrays)
 
 
 class Overloaded(RuntimeError):
@@ -70,22 +41,29 @@ class Overloaded(RuntimeError):
 
 class Engine:
     def __init__(
-        self, model: Any, batch: int = 8, max_queue: int = 1024, weak_model: bool = False
+        self,
+        model: Any,
+        batch: int = 8,
+        max_queue: int = 1024,
+        prefill_step_size: int = 2048,
+        weak_model: bool = False,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
         # weak_model: the Python API's engines must not keep a dropped model alive.
         self._model = weakref.ref(model) if weak_model else (lambda: model)
         materialize(model)
-        self.batch, self.max_queue = batch, max_queue
+        self.batch, self.max_queue, self.prefill_step_size = batch, max_queue, prefill_step_size
         self._waiting: collections.deque[tuple[GenerationRequest, RequestHandle]] = (
             collections.deque()
         )
-        self._active: list[tuple[SerialRow, RequestHandle]] = []
+        self._serial: tuple[SerialRow, RequestHandle] | None = None
+        self._alone = False  # the serial row cannot share the batched step
+        self._batch: BatchedRows | None = None
+        self.paths: collections.Counter[str] = collections.Counter()
         self._wake = threading.Condition()
         self._closed = False
         self._keys = KeyOwner()
-        self._ended: list[tuple[RequestHandle, DoneEvent]] = []
         self._stopped = threading.Event()
         self._thread = run_on_worker(self._loop, self._stopped)
         _live.add(self)
@@ -98,21 +76,29 @@ class Engine:
         return model
 
     def submit(self, req: GenerationRequest) -> RequestHandle:
-        validate(req, self.model)
-        materialize(req.prompt, req.input_embeddings, req.prompt_cache)
-        handle = RequestHandle()
+        return self.submit_many([req])[0]
+
+    def submit_many(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
+        """Submit requests atomically: admitted in one round, they share one batch composition."""
+        for req in reqs:
+            validate(req, self.model)
+            materialize(req.prompt, req.input_embeddings, req.prompt_cache)
+        handles = [RequestHandle() for _ in reqs]
         with self._wake:
             if self._closed:
                 raise RuntimeError("engine is closed")
-            if len(self._waiting) >= self.max_queue:
+            if len(self._waiting) + len(reqs) > self.max_queue:
                 raise Overloaded(f"{len(self._waiting)} requests waiting (max_queue)")
-            self._waiting.append((req, handle))
+            self._waiting.extend(zip(reqs, handles, strict=True))
             self._wake.notify()
-        return handle
+        return handles
+
+    def _n_active(self) -> int:
+        return (self._serial is not None) + (len(self._batch) if self._batch else 0)
 
     def stats(self) -> dict[str, int]:
         with self._wake:
-            return {"active": len(self._active), "waiting": len(self._waiting)}
+            return {"active": self._n_active(), "waiting": len(self._waiting)}
 
     def close(self) -> None:
         with self._wake:
@@ -121,70 +107,130 @@ class Engine:
         if threading.current_thread() is not self._thread:
             self._stopped.wait(timeout=30)
 
-    # engine thread
-    def _admit(self) -> None:
+    # engine thread: admission
+    def _take_joiners(self) -> list[tuple[GenerationRequest, RequestHandle]]:
         with self._wake:
-            while not self._active and not self._waiting and not self._closed:
+            while not self._n_active() and not self._waiting and not self._closed:
                 self._wake.wait()
-            while self._waiting and len(self._active) < self.batch:
-                req, handle = self._waiting.popleft()
+            joiners = []
+            while self._waiting and not self._alone:
+                req, handle = self._waiting[0]
                 if handle.cancelled:
+                    self._waiting.popleft()
                     handle.put(DoneEvent("cancelled"))
                     continue
-                try:
-                    self._active.append((SerialRow(self.model, req, generation_stream), handle))
-                except Exception as e:  # noqa: BLE001 - the caller re-raises it
-                    handle.put(DoneEvent("error", e))
+                if self._n_active() + len(joiners) >= self.batch:
+                    break
+                if batchable(req) is not None:
+                    if self._n_active() or joiners:
+                        break  # FIFO: it waits until it can run alone
+                    self._alone = True
+                joiners.append(self._waiting.popleft())
+                if self._alone:
+                    break
+            return joiners
 
-    def _end(self, row: SerialRow, handle: RequestHandle, reason: str, error=None) -> bool:
-        # Delivered by _turn once the row's caches are released.
-        self._ended.append((handle, DoneEvent(reason, error, random_key=self._keys.leave(row))))
-        return True
-
-    def _work(self, row: SerialRow, handle: RequestHandle) -> bool:
-        """One unit of work for a row; True when the row has ended."""
-        if handle.cancelled:
-            return self._end(row, handle, "cancelled")
-        self._keys.enter(row, row.req.random_key)
-        if row.prefilling:
-            row.prefill_chunk()
-            return False
-        event = row.decode()
-        if event is None:
-            return self._end(row, handle, "length")
-        handle.put(event)
-        if event.token in row.req.stop_token_ids:
-            return self._end(row, handle, "stop")
-        return False
-
-    def _turn(self) -> None:
-        """One unit of work for every active row; ended rows leave (a method, so no local
-        variable keeps a finished row's caches alive while the thread waits)."""
-        finished = []
-        for row, handle in self._active:
+    def _admit(self) -> None:
+        joiners = self._take_joiners()
+        if not joiners:
+            return
+        if not self._n_active() and len(joiners) == 1:
+            req, handle = joiners[0]
+            self.paths["alone" if self._alone else "serial"] += 1
             try:
-                if self._work(row, handle):
-                    finished.append(row)
-            except Exception as e:  # noqa: BLE001 - one bad row never stops the engine
-                self._end(row, handle, "error", e)
-                finished.append(row)
-        if finished:
-            self._active = [(r, h) for r, h in self._active if r not in finished]
-            del finished, row
-            if not self._active:
-                mx.clear_cache()
-        ended, self._ended = self._ended, []
-        for handle, event in ended:
+                self._serial = (SerialRow(self.model, req, generation_stream), handle)
+            except Exception as e:  # noqa: BLE001 - the caller re-raises it
+                self._alone = False
+                handle.put(DoneEvent("error", e))
+            return
+        self.paths["batched"] += len(joiners)
+        if self._batch is None:
+            self._batch = BatchedRows(self.model, self.batch, self.prefill_step_size, None)
+            key = joiners[0][0].random_key
+            if self._serial is None and key is not None:
+                set_key(key)  # rows admitted together sample like BatchGenerator seeded so
+        rows = [BatchedRow(req, handle) for req, handle in joiners]
+        prompts = [req.prompt.tolist() for req, _ in joiners]
+        caches: list[list[Any] | None] = [None] * len(rows)
+        histories = [[] for _ in rows]
+        if self._serial is not None:
+            self._migrate_serial(rows, prompts, caches, histories)
+        self._batch.insert(rows, prompts, caches, histories)
+
+    def _migrate_serial(self, rows, prompts, caches, histories) -> None:
+        """The serial row joins the batch with its caches (adopt, don't recompute)."""
+        row, handle = self._serial
+        self._serial = None
+        self.paths["serial->batched"] += 1
+        feed, in_cache, logprobs = row.handoff()
+        moved = BatchedRow(row.req, handle, generated=list(row.emitted))
+        if logprobs is not None:  # a decoding row: its pending token is emitted first
+            y = feed[0]
+            in_cache = in_cache + row.emitted
+            moved.generated.append(y)
+            handle.put(TokenEvent(y, logprobs))
+            if y in row.req.stop_token_ids or len(moved.generated) == row.req.max_tokens:
+                reason = "stop" if y in row.req.stop_token_ids else "length"
+                handle.put(DoneEvent(reason, random_key=self._keys.leave(row)))
+                return
+        self._keys.leave(row)
+        rows.insert(0, moved)
+        prompts.insert(0, feed)
+        caches.insert(0, row.cache)
+        histories.insert(0, in_cache)
+
+    # engine thread: work
+    def _serial_turn(self) -> None:
+        row, handle = self._serial
+        done: DoneEvent | None = None
+        try:
+            if handle.cancelled:
+                done = DoneEvent("cancelled")
+            else:
+                self._keys.enter(row, row.req.random_key)
+                if row.prefilling:
+                    row.prefill_chunk()
+                elif (event := row.decode()) is None:
+                    done = DoneEvent("length")
+                else:
+                    row.emitted.append(event.token)
+                    handle.put(event)
+                    if event.token in row.req.stop_token_ids:
+                        done = DoneEvent("stop")
+        except Exception as e:  # noqa: BLE001 - one bad row never stops the engine
+            done = DoneEvent("error", e)
+        if done is not None:
+            done.random_key = self._keys.leave(row)
+            self._serial, self._alone = None, False
+            del row  # the caches go before the caller hears "done"
+            mx.clear_cache()
+            handle.put(done)
+
+    def _batch_turn(self) -> None:
+        batch = self._batch
+        for row in [r for r in batch.rows.values() if r.handle.cancelled]:
+            batch.remove(row)
+            row.handle.put(DoneEvent("cancelled"))
+        try:
+            events = batch.step() if len(batch) else []
+        except Exception as e:  # noqa: BLE001 - a failed step ends the rows in it, not the engine
+            events = [(r.handle, DoneEvent("error", e)) for r in batch.rows.values()]
+            batch.rows.clear()
+        if not len(batch):
+            batch.close()
+            self._batch = None
+        for handle, event in events:
             handle.put(event)
 
     def _shutdown(self) -> None:
-        for _, handle in self._active:
-            handle.put(DoneEvent("cancelled"))
-        self._active = []
+        handles = [self._serial[1]] if self._serial else []
+        handles += [r.handle for r in self._batch.rows.values()] if self._batch else []
+        self._serial, self._batch = None, None
         with self._wake:
-            for _, handle in self._waiting:
-                handle.put(DoneEvent("cancelled"))
+            handles += [h for _, h in self._waiting]
             self._waiting.clear()
+        for handle in handles:
+            handle.put(DoneEvent("cancelled"))
 
     def _loop(self) -> None:
         while True:
@@ -192,4 +238,7 @@ class Engine:
             if self._closed:
                 self._shutdown()
                 return
-            self._turn()
+            if self._serial is not None:
+                self._serial_turn()
+            if self._batch is not None:
+                self._batch_turn()

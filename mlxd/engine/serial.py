@@ -55,6 +55,7 @@ class SerialRow:
         self.y: mx.array | None = None  # pipeline register: the token being computed
         self.logprobs: mx.array | None = None
         self.n = 0
+        self.emitted: list[int] = []  # tokens handed to the caller (the engine appends)
         self.progress(0, self.total)
 
     def _call(self, tokens: mx.array, emb: mx.array | None) -> mx.array:
@@ -115,3 +116,12 @@ class SerialRow:
         self.y, self.logprobs = next_y, next_lp
         self.n += 1
         return event
+
+    def handoff(self) -> tuple[list[int], list[int], mx.array | None]:
+        """Stop here so the batch can continue this row: (tokens to feed next, tokens already
+        in the cache, the pending token's logprobs). The pending token is not yet emitted."""
+        prompt = self.req.prompt.tolist()
+        if self.prefilling:
+            return self.prompt.tolist(), prompt[: self.processed], None
+        y = self.y.item()
+        return [y], prompt, self.logprobs

@@ -1,0 +1,140 @@
+"""B >= 2 on the engine: rows admitted together equal mlx-lm's BatchGenerator at that
+composition; rows join mid-flight (the serial row hands its caches over) and leave; requests
+the batched step cannot run wait and run alone, never downgraded."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
+
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+
+TEXTS = ["Hello there my friend", "Tell me a long story about a cat and a dog please", "x"]
+
+
+def _load(tiny_model: Callable[..., Path], arch: str):
+    from mlx_lm import load
+
+    return load(str(tiny_model(arch)))
+
+
+def _oracle(model, prompts: list[list[int]], n: int, eos: frozenset[int]):
+    """BatchGenerator with the same prompts inserted together, run to the end."""
+    gen = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
+    stop = StopSequences([[t] for t in sorted(eos)])
+    uids = gen.insert(prompts, max_tokens=[n] * len(prompts), stop_sequences=[stop] * len(prompts))
+    out: dict[int, list] = {u: [] for u in uids}
+    while responses := gen.next_generated():
+        for r in responses:
+            out[r.uid].append((r.token, r.logprobs))
+    gen.close()
+    return [out[u] for u in uids]
+
+
+def _req(prompt: list[int], n: int, eos: frozenset[int] = frozenset(), **kw) -> GenerationRequest:
+    return GenerationRequest(prompt=mx.array(prompt), max_tokens=n, stop_token_ids=eos, **kw)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "lfm2"])
+def test_admitted_together_equals_batch_generator(tiny_model, arch: str) -> None:
+    model, tok = _load(tiny_model, arch)
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    expected = _oracle(model, prompts, 12, eos)
+    engine = Engine(model)
+    try:
+        handles = engine.submit_many([_req(p, 12, eos) for p in prompts])
+        for handle, ref in zip(handles, expected, strict=True):
+            got = [(e.token, e.logprobs) for e in handle]
+            assert [t for t, _ in got] == [t for t, _ in ref]
+            assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(got, ref, strict=True))
+        assert engine.paths == {"batched": 3}
+    finally:
+        engine.close()
+
+
+def test_join_mid_flight_keeps_the_serial_prefix_and_both_finish(tiny_model) -> None:
+    model, tok = _load(tiny_model, "qwen3")
+    long_prompt, short_prompt = tok.encode(TEXTS[1]), tok.encode(TEXTS[0])
+    solo = [t for t, _ in generate_step(mx.array(long_prompt), model, max_tokens=30)]
+    engine = Engine(model)
+    try:
+        first = engine.submit(_req(long_prompt, 30))
+        stream = iter(first)
+        before = [next(stream).token for _ in range(5)]  # B=1: the serial fast path
+        second = engine.submit(_req(short_prompt, 10))
+        after = [e.token for e in stream]
+        joined = [e.token for e in second]
+        assert before == solo[:5]
+        assert len(before + after) == 30 and len(joined) == 10
+        assert first.done.reason == "length" and second.done.reason == "length"
+        assert engine.paths == {"serial": 1, "batched": 1, "serial->batched": 1}
+        assert engine.stats() == {"active": 0, "waiting": 0}
+    finally:
+        engine.close()
+
+
+def test_identical_concurrent_requests_give_identical_outputs(tiny_model) -> None:
+    model, tok = _load(tiny_model, "llama")
+    prompt = tok.encode(TEXTS[1])
+    engine = Engine(model)
+    try:
+        a, b = engine.submit_many([_req(prompt, 16), _req(prompt, 16)])
+        ta, tb = [(e.token, e.logprobs) for e in a], [(e.token, e.logprobs) for e in b]
+        assert [t for t, _ in ta] == [t for t, _ in tb]
+        assert all(mx.array_equal(x, y).item() for (_, x), (_, y) in zip(ta, tb, strict=True))
+    finally:
+        engine.close()
+
+
+def test_unbatchable_request_waits_and_runs_alone_exactly(tiny_model) -> None:
+    model, tok = _load(tiny_model, "qwen3")
+    prompt = tok.encode(TEXTS[1])
+    quant = {"kv_bits": 4, "quantized_kv_start": 0, "kv_group_size": 32}
+    solo = list(generate_step(mx.array(prompt), model, max_tokens=8, **quant))
+    engine = Engine(model)
+    try:
+        running = engine.submit_many([_req(prompt, 20), _req(prompt, 20)])
+        alone = engine.submit(_req(prompt, 8, **quant))
+        got = [(e.token, e.logprobs) for e in alone]
+        assert all(h.done is None or h.done.reason == "length" for h in running)
+        assert [t for t, _ in got] == [t for t, _ in solo]
+        assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(got, solo, strict=True))
+        assert all(len(list(h)) == 20 for h in running)
+        assert engine.paths == {"batched": 2, "alone": 1}
+    finally:
+        engine.close()
+
+
+def test_cancel_one_batched_row_others_finish(tiny_model) -> None:
+    model, tok = _load(tiny_model, "qwen3")
+    prompts = [tok.encode(t) for t in TEXTS]
+    engine = Engine(model)
+    try:
+        handles = engine.submit_many([_req(p, 25) for p in prompts])
+        victim = iter(handles[1])
+        next(victim)
+        handles[1].cancel()
+        assert handles[1].wait().reason == "cancelled"
+        assert [len(list(h)) for h in (handles[0], handles[2])] == [25, 25]
+        assert engine.stats() == {"active": 0, "waiting": 0}
+    finally:
+        engine.close()
+
+
+def test_stop_token_ends_a_batched_row(tiny_model) -> None:
+    model, tok = _load(tiny_model, "qwen3")
+    prompts = [tok.encode(t) for t in TEXTS[:2]]
+    ref = _oracle(model, prompts, 12, frozenset())
+    stop = ref[0][4][0]
+    engine = Engine(model)
+    try:
+        a, b = engine.submit_many([_req(prompts[0], 12, frozenset({stop})), _req(prompts[1], 12)])
+        got_a = [e.token for e in a]
+        assert got_a == [t for t, _ in ref[0]][: got_a.index(stop) + 1]
+        assert a.done.reason == "stop" and len(list(b)) == 12
+    finally:
+        engine.close()
