@@ -4,9 +4,9 @@ import argparse
 import sys
 
 from ..model.errors import ModelLoadError
-from . import convert, generate
+from . import bench, convert, generate
 
-SUBCOMMANDS = {"generate": generate, "convert": convert}
+SUBCOMMANDS = {"generate": generate, "convert": convert, "bench": bench}
 
 
 def build_parser() -> argparse.ArgumentParser:

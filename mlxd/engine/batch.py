@@ -9,18 +9,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.generate import BatchGenerator
 
 from .handle import RequestHandle
+from .output import RowOutput
 from .request import DoneEvent, GenerationRequest, TokenEvent
+from .sampling import Key, KeyedSampler
 
 
 @dataclass
 class BatchedRow:
     req: GenerationRequest
     handle: RequestHandle
+    out: RowOutput
+    key: Key | None = None  # the row's own PRNG stream (seeded, known draws per token)
     uid: int = -1
     generated: list[int] = field(default_factory=list)
+
+    def sampler(self):
+        if self.key is None or self.req.draws is None or self.req.sampler is None:
+            return self.req.sampler  # unseeded: the engine thread's shared key, as mlx-lm
+        return KeyedSampler(self.req.sampler, self.key, self.req.draws)
 
 
 def batchable(req: GenerationRequest) -> str | None:
@@ -66,9 +75,9 @@ class BatchedRows:
             max_tokens=[r.req.max_tokens - len(r.generated) for r in rows],
             caches=caches if caches and any(c is not None for c in caches) else None,
             all_tokens=histories,
-            samplers=[q.sampler for q in reqs],
+            samplers=[r.sampler() for r in rows],
             logits_processors=[q.logits_processors or [] for q in reqs],
-            stop_sequences=[StopSequences([[t] for t in sorted(q.stop_token_ids)]) for q in reqs],
+            stop_sequences=[r.out.stops for r in rows],
         )
         for uid, row in zip(uids, rows, strict=True):
             row.uid = uid
@@ -85,9 +94,10 @@ class BatchedRows:
         for r in responses:
             row = self.rows[r.uid]
             row.generated.append(r.token)
-            events.append((row.handle, TokenEvent(r.token, r.logprobs)))
-            if r.finish_reason is not None:
-                events.append((row.handle, DoneEvent(r.finish_reason)))
+            event, reason = row.out.token(r.token, r.logprobs)
+            events.append((row.handle, event))
+            if reason is not None or r.finish_reason is not None:
+                events.append((row.handle, row.out.done(reason or r.finish_reason)))
                 del self.rows[r.uid]
         return events
 

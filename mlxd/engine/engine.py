@@ -20,7 +20,8 @@ from mlx_lm.generate import generation_stream
 from .batch import BatchedRow, BatchedRows, batchable
 from .handle import RequestHandle
 from .materialize import materialize
-from .request import DoneEvent, GenerationRequest, TokenEvent
+from .output import RowOutput, prepare
+from .request import DoneEvent, GenerationRequest
 from .rng import KeyOwner, set_key
 from .serial import SerialRow, validate
 from .threads import run_on_worker
@@ -47,6 +48,7 @@ class Engine:
         max_queue: int = 1024,
         prefill_step_size: int = 2048,
         weak_model: bool = False,
+        tokenizer: Any | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
@@ -54,10 +56,11 @@ class Engine:
         self._model = weakref.ref(model) if weak_model else (lambda: model)
         materialize(model)
         self.batch, self.max_queue, self.prefill_step_size = batch, max_queue, prefill_step_size
+        self.tokenizer = tokenizer  # when given, token events carry text deltas
         self._waiting: collections.deque[tuple[GenerationRequest, RequestHandle]] = (
             collections.deque()
         )
-        self._serial: tuple[SerialRow, RequestHandle] | None = None
+        self._serial: tuple[SerialRow, RequestHandle, RowOutput] | None = None
         self._alone = False  # the serial row cannot share the batched step
         self._batch: BatchedRows | None = None
         self.paths: collections.Counter[str] = collections.Counter()
@@ -82,6 +85,7 @@ class Engine:
         """Submit requests atomically: admitted in one round, they share one batch composition."""
         for req in reqs:
             validate(req, self.model)
+            prepare(req)
             materialize(req.prompt, req.input_embeddings, req.prompt_cache)
         handles = [RequestHandle() for _ in reqs]
         with self._wake:
@@ -134,46 +138,52 @@ class Engine:
         joiners = self._take_joiners()
         if not joiners:
             return
+        outs = [RowOutput(req, self.tokenizer, h.submitted) for req, h in joiners]
         if not self._n_active() and len(joiners) == 1:
-            req, handle = joiners[0]
+            (req, handle), out = joiners[0], outs[0]
             self.paths["alone" if self._alone else "serial"] += 1
             try:
-                self._serial = (SerialRow(self.model, req, generation_stream), handle)
+                self._serial = (SerialRow(self.model, req, generation_stream), handle, out)
             except Exception as e:  # noqa: BLE001 - the caller re-raises it
                 self._alone = False
-                handle.put(DoneEvent("error", e))
+                handle.put(out.done("error", e))
             return
         self.paths["batched"] += len(joiners)
         if self._batch is None:
             self._batch = BatchedRows(self.model, self.batch, self.prefill_step_size, None)
-            key = joiners[0][0].random_key
-            if self._serial is None and key is not None:
-                set_key(key)  # rows admitted together sample like BatchGenerator seeded so
-        rows = [BatchedRow(req, handle) for req, handle in joiners]
+            first = joiners[0][0]
+            if self._serial is None and first.random_key is not None and first.draws is None:
+                set_key(first.random_key)  # a user sampler draws from the thread's key
+        rows = [
+            BatchedRow(req, h, out, key=req.random_key)
+            for (req, h), out in zip(joiners, outs, strict=True)
+        ]
         prompts = [req.prompt.tolist() for req, _ in joiners]
         caches: list[list[Any] | None] = [None] * len(rows)
-        histories = [[] for _ in rows]
+        histories: list[list[int]] = [[] for _ in rows]
         if self._serial is not None:
             self._migrate_serial(rows, prompts, caches, histories)
         self._batch.insert(rows, prompts, caches, histories)
 
     def _migrate_serial(self, rows, prompts, caches, histories) -> None:
         """The serial row joins the batch with its caches (adopt, don't recompute)."""
-        row, handle = self._serial
+        row, handle, out = self._serial
         self._serial = None
         self.paths["serial->batched"] += 1
         feed, in_cache, logprobs = row.handoff()
-        moved = BatchedRow(row.req, handle, generated=list(row.emitted))
+        moved = BatchedRow(row.req, handle, out, generated=list(row.emitted))
         if logprobs is not None:  # a decoding row: its pending token is emitted first
-            y = feed[0]
             in_cache = in_cache + row.emitted
-            moved.generated.append(y)
-            handle.put(TokenEvent(y, logprobs))
-            if y in row.req.stop_token_ids or len(moved.generated) == row.req.max_tokens:
-                reason = "stop" if y in row.req.stop_token_ids else "length"
-                handle.put(DoneEvent(reason, random_key=self._keys.leave(row)))
+            moved.generated.append(feed[0])
+            event, reason = out.token(feed[0], logprobs)
+            handle.put(event)
+            if reason is not None:
+                done = out.done(reason)
+                done.random_key = self._keys.leave(row)
+                handle.put(done)
                 return
-        self._keys.leave(row)
+        key = self._keys.leave(row)
+        moved.key = key if row.req.random_key is not None else None
         rows.insert(0, moved)
         prompts.insert(0, feed)
         caches.insert(0, row.cache)
@@ -181,24 +191,25 @@ class Engine:
 
     # engine thread: work
     def _serial_turn(self) -> None:
-        row, handle = self._serial
+        row, handle, out = self._serial
         done: DoneEvent | None = None
         try:
             if handle.cancelled:
-                done = DoneEvent("cancelled")
+                done = out.done("cancelled")
             else:
                 self._keys.enter(row, row.req.random_key)
                 if row.prefilling:
                     row.prefill_chunk()
-                elif (event := row.decode()) is None:
-                    done = DoneEvent("length")
+                elif (step := row.decode()) is None:
+                    done = out.done("length")
                 else:
-                    row.emitted.append(event.token)
+                    row.emitted.append(step.token)
+                    event, reason = out.token(step.token, step.logprobs)
                     handle.put(event)
-                    if event.token in row.req.stop_token_ids:
-                        done = DoneEvent("stop")
+                    if reason is not None:
+                        done = out.done(reason)
         except Exception as e:  # noqa: BLE001 - one bad row never stops the engine
-            done = DoneEvent("error", e)
+            done = out.done("error", e)
         if done is not None:
             done.random_key = self._keys.leave(row)
             self._serial, self._alone = None, False
@@ -210,11 +221,11 @@ class Engine:
         batch = self._batch
         for row in [r for r in batch.rows.values() if r.handle.cancelled]:
             batch.remove(row)
-            row.handle.put(DoneEvent("cancelled"))
+            row.handle.put(row.out.done("cancelled"))
         try:
             events = batch.step() if len(batch) else []
         except Exception as e:  # noqa: BLE001 - a failed step ends the rows in it, not the engine
-            events = [(r.handle, DoneEvent("error", e)) for r in batch.rows.values()]
+            events = [(r.handle, r.out.done("error", e)) for r in batch.rows.values()]
             batch.rows.clear()
         if not len(batch):
             batch.close()

@@ -3,6 +3,7 @@
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 
 from .request import DoneEvent, TokenEvent
@@ -19,6 +20,7 @@ class RequestHandle:
         self._watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self._lock = threading.Lock()
         self.done: DoneEvent | None = None
+        self.submitted = time.perf_counter()
 
     # engine side
     def put(self, event: Event) -> None:

@@ -2,9 +2,12 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
+
+if TYPE_CHECKING:
+    from .sampling import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -27,6 +30,12 @@ class GenerationRequest:
     input_embeddings: mx.array | None = None
     prompt_progress_callback: Callable[[int, int], None] | None = None
     stop_token_ids: frozenset[int] = frozenset()  # the row ends after emitting one of these
+    # Multi-token stop sequences (mlx-lm's StopSequences: Aho-Corasick over token ids).
+    stop_sequences: list[list[int]] = field(default_factory=list)
+    # Built into `sampler` / `logits_processors` when those are not given.
+    sampling: "SamplingParams | None" = None
+    seed: int | None = None  # the row's own PRNG stream; same as mx.random.seed(seed) at B=1
+    draws: int | None = None  # keys the sampler takes per token (None: unknown, a user sampler)
     # The caller thread's PRNG key (MLX keys are per thread): samplers that draw from the
     # global key see the same sequence in the engine thread as they would in the caller's.
     random_key: tuple[int, int] | None = None
@@ -34,10 +43,12 @@ class GenerationRequest:
 
 @dataclass
 class TokenEvent:
-    """One generated token and its full log-probability vector (after logits processors)."""
+    """One generated token, its full log-probability vector (after logits processors), and
+    the text it completes (empty unless the engine has a tokenizer)."""
 
     token: int
     logprobs: mx.array
+    text: str = ""
 
 
 @dataclass
@@ -47,4 +58,7 @@ class DoneEvent:
     reason: str
     error: BaseException | None = None
     random_key: tuple[int, int] | None = None  # the row's PRNG key at its end
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    text: str = ""  # the detokenizer's final flush
     timings: dict[str, float] = field(default_factory=dict)

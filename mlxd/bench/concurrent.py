@@ -1,0 +1,80 @@
+"""Concurrent mode: N prompts admitted together, mlx-lm's BatchGenerator vs mlxd's Engine at the
+same batch composition (same capacity, same prefill batch), timed per stream at the consumer."""
+
+import asyncio
+import time
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+
+from ..engine.engine import Engine
+from ..engine.request import GenerationRequest
+from .report import percentile
+
+
+def metrics(t0: float, stamps: list[list[float]], peak_bytes: int) -> dict[str, Any]:
+    """Aggregate and per-stream figures from each stream's token arrival times."""
+    firsts, lasts = [s[0] for s in stamps], [s[-1] for s in stamps]
+    total, n = sum(len(s) for s in stamps), len(stamps)
+    ttfts = [f - t0 for f in firsts]
+    itls = [1e3 * (b - a) for s in stamps for a, b in zip(s, s[1:], strict=False)]
+    decode_window = max(lasts) - min(firsts)
+    return {
+        "generated": total,
+        # Tokens after each stream's first, over the span in which streams were decoding.
+        "decode_tok_s": (total - n) / decode_window if decode_window > 0 else 0.0,
+        "e2e_tok_s": total / (max(lasts) - t0),  # admission to the last token, prefill included
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "itl_p50_ms": percentile(itls, 50) if itls else 0.0,
+        "itl_p99_ms": percentile(itls, 99) if itls else 0.0,
+        "peak_memory_gb": peak_bytes / 1e9,
+        "ttft_s": ttfts,
+        "token_times_ms": [[round(1e3 * (t - t0), 3) for t in s] for s in stamps],
+    }
+
+
+def run_mlx_lm(
+    model: Any, prompts: list[list[int]], gen_tokens: int, capacity: int, prefill_step_size: int
+) -> tuple[float, list[list[float]], list[list[int]]]:
+    """BatchGenerator as the anchors bench drives it: insert all, next_generated() until done."""
+    t0 = time.perf_counter()
+    gen = BatchGenerator(
+        model,
+        completion_batch_size=capacity,
+        prefill_batch_size=min(capacity, 8),  # what mlxd's batched step uses
+        prefill_step_size=prefill_step_size,
+    )
+    uids = gen.insert(prompts, max_tokens=[gen_tokens] * len(prompts))
+    stamps: dict[int, list[float]] = {u: [] for u in uids}
+    tokens: dict[int, list[int]] = {u: [] for u in uids}
+    while responses := gen.next_generated():
+        now = time.perf_counter()  # one step's tokens all arrive together
+        for r in responses:
+            stamps[r.uid].append(now)
+            tokens[r.uid].append(int(r.token))
+    gen.close()
+    return t0, [stamps[u] for u in uids], [tokens[u] for u in uids]
+
+
+def run_mlxd(
+    engine: Engine, prompts: list[mx.array], gen_tokens: int
+) -> tuple[float, list[list[float]], list[list[int]]]:
+    """Engine.submit_many, each handle read with `async for` on one event loop (as a server)."""
+    reqs = [GenerationRequest(prompt=p, max_tokens=gen_tokens) for p in prompts]
+
+    async def consume(handle: Any) -> tuple[list[float], list[int]]:
+        stamps, tokens = [], []
+        async for event in handle:
+            stamps.append(time.perf_counter())
+            tokens.append(int(event.token))
+        return stamps, tokens
+
+    async def main() -> tuple[float, list[tuple[list[float], list[int]]]]:
+        t0 = time.perf_counter()
+        handles = engine.submit_many(reqs)
+        return t0, await asyncio.gather(*(consume(h) for h in handles))
+
+    t0, results = asyncio.run(main())
+    return t0, [s for s, _ in results], [t for _, t in results]

@@ -1,0 +1,167 @@
+"""`mlxd bench generate`: mlx-lm and mlxd side by side on one model in one process, rounds
+interleaved A B A B so machine drift hits both sides alike; greedy tokens must match."""
+
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import stream_generate as mlx_lm_stream_generate
+from tqdm import tqdm
+
+from ..engine import stream_generate as mlxd_stream_generate
+from ..engine.engine import Engine
+from . import concurrent
+from .models import BenchModel, build_random, load_ref, random_prompts
+from .report import CONCURRENT_METRICS, SINGLE_METRICS, render, summarize
+
+
+def _fresh() -> None:
+    # Every run starts from the same allocator state, so the peaks of the two sides compare.
+    gc.collect()
+    mx.clear_cache()
+    mx.reset_peak_memory()
+
+
+def single_run(
+    stream_fn: Callable[..., Any], bm: BenchModel, prompt: mx.array, gen: int, step: int
+) -> dict[str, Any]:
+    """One stream_generate call, timed at the consumer like a user would time it."""
+    _fresh()
+    stamps, tokens = [], []
+    t0 = time.perf_counter()
+    for r in stream_fn(bm.model, bm.tokenizer, prompt, max_tokens=gen, prefill_step_size=step):
+        stamps.append(time.perf_counter())
+        tokens.append(int(r.token))
+    peak = mx.get_peak_memory()
+    ttft = stamps[0] - t0
+    return {
+        "ttft_s": ttft,
+        "prefill_tok_s": prompt.size / ttft,
+        "decode_tok_s": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
+        "peak_memory_gb": peak / 1e9,
+        "generated": len(tokens),
+        "reported_prompt_tps": r.prompt_tps,  # what each side's own response object says
+        "reported_generation_tps": r.generation_tps,
+        "tokens": tokens,
+    }
+
+
+def _interleave(pair: Callable[[], dict[str, Any]], warmup: int, rounds: int, what: str):
+    """Untimed warm-up pairs, then timed rounds; each pair runs mlx-lm first, then mlxd."""
+    warm = [pair() for _ in range(warmup)]
+    timed = []
+    with tqdm(total=rounds, desc=what, file=sys.stderr, disable=None) as bar:
+        for i in range(rounds):
+            timed.append(rec := pair())
+            a, b = rec["mlx_lm"]["decode_tok_s"], rec["mlxd"]["decode_tok_s"]
+            bar.write(f"[{what}] round {i}: decode tok/s mlx-lm {a:.1f}, mlxd {b:.1f}", sys.stderr)
+            bar.update()
+    identical = all(r["mlx_lm"]["tokens"] == r["mlxd"]["tokens"] for r in warm + timed)
+    return {"warmup": warm, "rounds": timed, "tokens_identical": identical}
+
+
+def bench_single(bm: BenchModel, args: Any) -> dict[str, Any]:
+    prompt = mx.array(random_prompts(bm.vocab_size, 1, args.prompt_tokens, args.seed)[0])
+    sides = {"mlx_lm": mlx_lm_stream_generate, "mlxd": mlxd_stream_generate}
+
+    def pair() -> dict[str, dict[str, Any]]:
+        return {
+            s: single_run(fn, bm, prompt, args.gen_tokens, args.prefill_step_size)
+            for s, fn in sides.items()
+        }
+
+    out = _interleave(pair, args.warmup, args.rounds, "single")
+    return out | {"summary": summarize(out["rounds"], SINGLE_METRICS)}
+
+
+def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
+    n, gen, step = args.concurrent, args.gen_tokens, args.prefill_step_size
+    lists = random_prompts(bm.vocab_size, n, args.prompt_tokens, args.seed + 1)
+    arrays = [mx.array(p) for p in lists]
+    # Capacity n on both sides: the same batch composition, so the same tokens.
+    engine = Engine(bm.model, batch=n, prefill_step_size=step)
+
+    def pair() -> dict[str, dict[str, Any]]:
+        out = {}
+        for side in ("mlx_lm", "mlxd"):
+            _fresh()
+            if side == "mlx_lm":
+                t0, stamps, tokens = concurrent.run_mlx_lm(bm.model, lists, gen, n, step)
+            else:
+                t0, stamps, tokens = concurrent.run_mlxd(engine, arrays, gen)
+            out[side] = concurrent.metrics(t0, stamps, mx.get_peak_memory()) | {"tokens": tokens}
+        return out
+
+    try:
+        out = _interleave(pair, args.warmup, args.concurrent_rounds, "concurrent")
+    finally:
+        engine.close()
+    summary = summarize(out["rounds"], CONCURRENT_METRICS)
+    return {"streams": n, **out, "summary": summary, "engine_paths": dict(engine.paths)}
+
+
+def environment() -> dict[str, Any]:
+    import mlx_lm
+
+    from .. import __version__
+
+    env = {
+        "mlx": mx.__version__,
+        "mlx_lm": mlx_lm.__version__,
+        "mlxd": __version__,
+        "device": str(mx.default_device()),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:  # the GPU's name on CUDA / Metal; absent on some builds
+        info = mx.device_info()
+        env["device_info"] = {k: v for k, v in info.items() if isinstance(v, str | int | float)}
+        if name := info.get("device_name"):
+            env["device"] += f" ({name})"
+    except Exception:  # noqa: BLE001 - informative only
+        pass
+    return env
+
+
+def run_bench(args: Any) -> int:
+    """Build or load the model, run the modes asked for, print the table; 1 if tokens differ."""
+    if args.random_shape:
+        bm = build_random(args.random_shape, args.dtype or "bfloat16", args.seed)
+    else:
+        bm = load_ref(args.model, args.dtype)
+    result: dict[str, Any] = {
+        "env": environment(),
+        "args": {k: v for k, v in vars(args).items() if k != "func"},
+        "model": {
+            "name": bm.name,
+            "source": "random weights" if args.random_shape else "loaded",
+            "dtype": bm.dtype,
+            "param_bytes": bm.param_bytes,
+            "vocab_size": bm.vocab_size,
+        },
+    }
+
+    def save() -> None:  # after every part, so a run killed at a time limit keeps what it did
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+
+    if args.rounds > 0:
+        result["single"] = bench_single(bm, args)
+        save()
+    if args.concurrent:
+        result["concurrent"] = bench_concurrent(bm, args)
+        save()
+    print(render(result), flush=True)
+    parts = [result[k] for k in ("single", "concurrent") if k in result]
+    if not all(p["tokens_identical"] for p in parts):
+        print("mlxd bench: the two sides generated different tokens", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,77 @@
+"""What a row hands back: token events with text deltas, stop and length checks, and the
+final event with usage and timings. One class for serial and batched rows, so both end alike."""
+
+import time
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import StopSequences
+
+from .request import DoneEvent, GenerationRequest, TokenEvent
+from .sampling import seed_key
+
+
+def prepare(req: GenerationRequest) -> None:
+    """Resolve parameters into mlx-lm's sampler / processors and the seed into a key (caller
+    thread, before submit returns, so a bad parameter raises there)."""
+    req.draws = None
+    if req.sampling is not None:
+        if req.sampler is None:
+            req.sampler = req.sampling.sampler()
+            req.draws = req.sampling.draws
+        if req.logits_processors is None:
+            req.logits_processors = req.sampling.processors() or None
+    elif req.sampler is None:
+        req.draws = 0  # greedy
+    if req.seed is not None:
+        req.random_key = seed_key(req.seed)
+
+
+class RowOutput:
+    """Per-row bookkeeping on the engine thread."""
+
+    def __init__(self, req: GenerationRequest, tokenizer: Any | None, submitted: float) -> None:
+        self.req = req
+        singles = [[t] for t in sorted(req.stop_token_ids)]
+        self.stops = StopSequences(singles + [list(s) for s in req.stop_sequences if s])
+        self.matcher = self.stops.matcher()
+        self.detok = tokenizer.detokenizer if tokenizer is not None else None
+        self.count = 0
+        self.times = {"submitted": submitted, "admitted": time.perf_counter()}
+
+    def token(self, token: int, logprobs: mx.array) -> tuple[TokenEvent, str | None]:
+        """The event for one generated token and the finish reason it causes, if any."""
+        self.count += 1
+        if self.count == 1:
+            self.times["first_token"] = time.perf_counter()
+        stop = self.matcher.advance(token)
+        text = ""
+        if self.detok is not None and token not in self.req.stop_token_ids:
+            self.detok.add_token(token)
+            text = self.detok.last_segment
+        reason = "stop" if stop else None
+        if reason is None and self.count == self.req.max_tokens:
+            reason = "length"
+        return TokenEvent(token, logprobs, text), reason
+
+    def done(self, reason: str, error: BaseException | None = None) -> DoneEvent:
+        text = ""
+        if self.detok is not None and error is None:
+            self.detok.finalize()
+            text = self.detok.last_segment
+        t = self.times
+        t["finished"] = time.perf_counter()
+        first = t.get("first_token", t["finished"])
+        timings = {
+            "queue_s": t["admitted"] - t["submitted"],
+            "ttft_s": first - t["submitted"],
+            "decode_s": t["finished"] - first,
+        }
+        return DoneEvent(
+            reason,
+            error,
+            prompt_tokens=len(self.req.prompt),
+            completion_tokens=self.count,
+            text=text,
+            timings=timings,
+        )

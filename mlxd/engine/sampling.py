@@ -1,0 +1,99 @@
+"""Per-row sampling built from parameters, with a per-row PRNG stream.
+
+The sampler and logits processors are mlx-lm's (make_sampler, make_logits_processors), so
+a row samples exactly as mlx-lm does. A seeded row owns its key: before its sampler runs the
+engine thread's key is set to the row's key, and afterwards the row's key advances by the
+number of draws that sampler makes (computed on the CPU: no device sync in the step).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+from .rng import set_key
+
+Key = tuple[int, int]
+
+
+@dataclass
+class SamplingParams:
+    """mlx-lm's sampler and logits-processor arguments, with its defaults (0 / None = off)."""
+
+    temp: float = 0.0
+    top_p: float = 0.0
+    min_p: float = 0.0
+    min_tokens_to_keep: int = 1
+    top_k: int = 0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    xtc_special_tokens: list[int] = field(default_factory=list)
+    logit_bias: dict[int, float] | None = None
+    repetition_penalty: float | None = None
+    repetition_context_size: int | None = 20
+    presence_penalty: float | None = None
+    presence_context_size: int | None = 20
+    frequency_penalty: float | None = None
+    frequency_context_size: int | None = 20
+
+    @property
+    def draws(self) -> int:
+        """Keys the sampler takes per token: categorical, plus XTC's coin when it is on."""
+        if self.temp == 0:
+            return 0
+        return 1 + (1 if self.xtc_probability > 0.0 else 0)
+
+    def sampler(self) -> Callable[[mx.array], mx.array]:
+        return make_sampler(
+            self.temp,
+            self.top_p,
+            self.min_p,
+            self.min_tokens_to_keep,
+            top_k=self.top_k,
+            xtc_probability=self.xtc_probability,
+            xtc_threshold=self.xtc_threshold,
+            xtc_special_tokens=self.xtc_special_tokens,
+        )
+
+    def processors(self) -> list[Callable[[mx.array, mx.array], mx.array]]:
+        return make_logits_processors(
+            self.logit_bias,
+            self.repetition_penalty,
+            self.repetition_context_size,
+            self.presence_penalty,
+            self.presence_context_size,
+            self.frequency_penalty,
+            self.frequency_context_size,
+        )
+
+
+def seed_key(seed: int) -> Key:
+    """The key `mx.random.seed(seed)` installs (mx.random.key: [seed >> 32, seed & 0xffffffff])."""
+    seed &= (1 << 64) - 1
+    return seed >> 32, seed & 0xFFFFFFFF
+
+
+def advance(key: Key, draws: int) -> Key:
+    """The key after `draws` calls of MLX's KeySequence.next (split, keep the first half)."""
+    if draws == 0:
+        return key
+    with mx.stream(mx.cpu):
+        k = mx.array(list(key), dtype=mx.uint32)
+        for _ in range(draws):
+            k = mx.random.split(k)[0]
+        hi, lo = k.tolist()
+    return int(hi), int(lo)
+
+
+class KeyedSampler:
+    """A row's sampler inside a batched step, drawing from the row's own key stream."""
+
+    def __init__(self, sampler: Callable[[mx.array], mx.array], key: Key, draws: int) -> None:
+        self.inner, self.key, self.draws = sampler, key, draws
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        set_key(self.key)
+        out = self.inner(logprobs)
+        self.key = advance(self.key, self.draws)
+        return out
