@@ -9,6 +9,7 @@ batched step cannot run (quantized KV, ...) run alone, never silently downgraded
 import atexit
 import collections
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -19,9 +20,10 @@ from mlx_lm.generate import generation_stream
 
 from .batch import BatchedRow, BatchedRows, batchable
 from .handle import RequestHandle
+from .kv_budget import KVBudgetExceeded, KVCost
 from .materialize import materialize
 from .output import RowOutput, prepare
-from .request import DoneEvent, GenerationRequest
+from .request import DoneEvent, GenerationRequest, TokenEvent
 from .rng import KeyOwner, set_key
 from .serial import SerialRow, validate
 from .threads import run_on_worker
@@ -49,6 +51,7 @@ class Engine:
         prefill_step_size: int = 2048,
         weak_model: bool = False,
         tokenizer: Any | None = None,
+        kv_budget: int | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
@@ -57,6 +60,10 @@ class Engine:
         materialize(model)
         self.batch, self.max_queue, self.prefill_step_size = batch, max_queue, prefill_step_size
         self.tokenizer = tokenizer  # when given, token events carry text deltas
+        self.kv_budget = kv_budget
+        self._kv_cost = KVCost.probe(model) if kv_budget is not None else None
+        self._kv_need: dict[int, int] = {}  # id(handle) -> worst-case bytes, while active
+        self._tokens, self._busy_s = 0, 0.0
         self._waiting: collections.deque[tuple[GenerationRequest, RequestHandle]] = (
             collections.deque()
         )
@@ -85,6 +92,7 @@ class Engine:
         """Submit requests atomically: admitted in one round, they share one batch composition."""
         for req in reqs:
             validate(req, self.model)
+            self._check_budget(req)
             prepare(req)
             materialize(req.prompt, req.input_embeddings, req.prompt_cache)
         handles = [RequestHandle() for _ in reqs]
@@ -97,12 +105,52 @@ class Engine:
             self._wake.notify()
         return handles
 
+    def _check_budget(self, req: GenerationRequest) -> None:
+        if self._kv_cost is None:
+            return
+        need = self._kv_cost.worst(req)
+        if need > self.kv_budget:
+            raise KVBudgetExceeded(
+                f"request needs {need} bytes of KV cache (prompt {len(req.prompt)} + "
+                f"max_tokens {req.max_tokens} tokens) but kv_budget is {self.kv_budget} bytes"
+            )
+
+    def _active_handles(self) -> list[RequestHandle]:
+        handles = [self._serial[1]] if self._serial else []
+        return handles + ([r.handle for r in self._batch.rows.values()] if self._batch else [])
+
+    def _fits(self, req: GenerationRequest, handle: RequestHandle, pending: list) -> bool:
+        """Reserve the row's worst case if it fits beside the active and admitted rows."""
+        if self._kv_cost is None:
+            return True
+        live = {id(h) for h in self._active_handles()} | {id(h) for _, h in pending}
+        self._kv_need = {k: v for k, v in self._kv_need.items() if k in live}
+        need = self._kv_cost.worst(req)
+        if sum(self._kv_need.values()) + need > self.kv_budget:
+            return False
+        self._kv_need[id(handle)] = need
+        return True
+
+    def kv_bytes_reserved(self) -> int:
+        return sum(self._kv_need.values())
+
     def _n_active(self) -> int:
         return (self._serial is not None) + (len(self._batch) if self._batch else 0)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
+        """Rows, throughput over the engine's busy time, reserved KV, and the paths taken."""
         with self._wake:
-            return {"active": self._n_active(), "waiting": len(self._waiting)}
+            live = {id(h) for h in self._active_handles()}
+            busy = self._busy_s
+            return {
+                "active": self._n_active(),
+                "waiting": len(self._waiting),
+                "tokens_generated": self._tokens,
+                "tokens_per_s": self._tokens / busy if busy > 0 else 0.0,
+                "kv_bytes_reserved": sum(v for k, v in self._kv_need.items() if k in live),
+                "kv_budget": self.kv_budget,
+                "paths": dict(self.paths),
+            }
 
     def close(self) -> None:
         with self._wake:
@@ -128,7 +176,9 @@ class Engine:
                 if batchable(req) is not None:
                     if self._n_active() or joiners:
                         break  # FIFO: it waits until it can run alone
-                    self._alone = True
+                if not self._fits(req, handle, joiners):
+                    break  # FIFO: it waits until enough KV is free
+                self._alone = batchable(req) is not None
                 joiners.append(self._waiting.popleft())
                 if self._alone:
                     break
@@ -204,6 +254,7 @@ class Engine:
                     done = out.done("length")
                 else:
                     row.emitted.append(step.token)
+                    self._tokens += 1
                     event, reason = out.token(step.token, step.logprobs)
                     handle.put(event)
                     if reason is not None:
@@ -231,11 +282,11 @@ class Engine:
             batch.close()
             self._batch = None
         for handle, event in events:
+            self._tokens += isinstance(event, TokenEvent)
             handle.put(event)
 
     def _shutdown(self) -> None:
-        handles = [self._serial[1]] if self._serial else []
-        handles += [r.handle for r in self._batch.rows.values()] if self._batch else []
+        handles = self._active_handles()
         self._serial, self._batch = None, None
         with self._wake:
             handles += [h for _, h in self._waiting]
@@ -249,7 +300,9 @@ class Engine:
             if self._closed:
                 self._shutdown()
                 return
+            tic = time.perf_counter()
             if self._serial is not None:
                 self._serial_turn()
             if self._batch is not None:
                 self._batch_turn()
+            self._busy_s += time.perf_counter() - tic

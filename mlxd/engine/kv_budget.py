@@ -1,0 +1,78 @@
+"""KV budget admission: a row is admitted only when its worst-case KV fits beside the rows
+already running (prompt + max_tokens, every layer at its own growth rule)."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+from .request import GenerationRequest
+
+
+class KVBudgetExceeded(ValueError):
+    """The request can never fit the engine's kv_budget."""
+
+
+def _state_bytes(cache: Any) -> int:
+    return sum(a.nbytes for _, a in tree_flatten(cache.state) if isinstance(a, mx.array))
+
+
+def _token_bytes(cache: Any) -> int:
+    """Bytes per token of a KV layer (keys and values are [B, heads, tokens, dim])."""
+    return sum(a.nbytes // a.shape[-2] for a in (cache.keys, cache.values))
+
+
+def _allocated(tokens: int, step: int) -> int:
+    """KV caches grow in steps of `step` tokens: memory follows the rounded-up length."""
+    return -(-tokens // step) * step
+
+
+@dataclass
+class KVCost:
+    """Bytes of one row's caches as a function of its length."""
+
+    per_token: int = 0  # growing layers (full attention)
+    windowed: list[tuple[int, int]] = field(default_factory=list)  # (bytes/token, window)
+    fixed: int = 0  # recurrent state, whatever the length
+    context: int | None = None  # the model's maximum positions, if it says
+
+    @classmethod
+    def probe(cls, model: Any) -> "KVCost":
+        """Measure by running one token through a fresh cache (exact for the model's dtypes)."""
+        cache = make_prompt_cache(model)
+        model(mx.array([[0]]), cache=cache)
+        cost = cls(context=getattr(getattr(model, "args", None), "max_position_embeddings", None))
+        for c in cache:
+            mx.eval(c.state)
+            if isinstance(c, RotatingKVCache):
+                cost.windowed.append((_token_bytes(c), c.max_size))
+            elif isinstance(c, KVCache):
+                cost.per_token += _token_bytes(c)
+            else:
+                cost.fixed += _state_bytes(c)
+        return cost
+
+    def worst(self, req: GenerationRequest) -> int:
+        """Worst-case bytes of `req` over its whole life."""
+        gen = req.max_tokens if req.max_tokens >= 0 else self.context
+        if gen is None:
+            raise KVBudgetExceeded(
+                "max_tokens=-1 (no limit) has no worst case under kv_budget; set max_tokens"
+            )
+        tokens = len(req.prompt) + gen
+        if req.max_kv_size is not None:
+            tokens = min(tokens, req.max_kv_size)
+        scale = 1.0
+        if req.kv_bits is not None:  # packed values + a scale and bias per group (16-bit)
+            scale = (req.kv_bits / 8 + 4 / req.kv_group_size) / 2
+        step = KVCache.step
+        growing = self.per_token * _allocated(tokens, step) * scale
+        # A window holds up to max_size tokens, but a prefill chunk is appended whole first.
+        chunk = min(tokens, req.prefill_step_size)
+        windowed = sum(
+            b * max(min(_allocated(tokens, step), w), min(tokens, w - 1 + chunk))
+            for b, w in self.windowed
+        )
+        return int(growing + windowed + self.fixed)
