@@ -19,7 +19,7 @@ from ..engine import stream_generate as mlxd_stream_generate
 from ..engine.engine import Engine
 from . import concurrent
 from .models import BenchModel, build_random, load_ref, random_prompts
-from .report import CONCURRENT_METRICS, SINGLE_METRICS, render, summarize
+from .report import CONCURRENT_METRICS, SINGLE_METRICS, consistency, render, summarize
 
 
 def _fresh() -> None:
@@ -63,8 +63,7 @@ def _interleave(pair: Callable[[], dict[str, Any]], warmup: int, rounds: int, wh
             a, b = rec["mlx_lm"]["decode_tok_s"], rec["mlxd"]["decode_tok_s"]
             bar.write(f"[{what}] round {i}: decode tok/s mlx-lm {a:.1f}, mlxd {b:.1f}", sys.stderr)
             bar.update()
-    identical = all(r["mlx_lm"]["tokens"] == r["mlxd"]["tokens"] for r in warm + timed)
-    return {"warmup": warm, "rounds": timed, "tokens_identical": identical}
+    return {"warmup": warm, "rounds": timed, **consistency(warm + timed)}
 
 
 def bench_single(bm: BenchModel, args: Any) -> dict[str, Any]:
@@ -132,7 +131,8 @@ def environment() -> dict[str, Any]:
 
 
 def run_bench(args: Any) -> int:
-    """Build or load the model, run the modes asked for, print the table; 1 if tokens differ."""
+    """Build or load the model, run the modes asked for, print the table; 1 on a token mismatch
+    (not when mlx-lm itself is nondeterministic on this backend: then no bitwise check exists)."""
     if args.random_shape:
         bm = build_random(args.random_shape, args.dtype or "bfloat16", args.seed)
     else:
@@ -161,7 +161,7 @@ def run_bench(args: Any) -> int:
         save()
     print(render(result), flush=True)
     parts = [result[k] for k in ("single", "concurrent") if k in result]
-    if not all(p["tokens_identical"] for p in parts):
-        print("mlxd bench: the two sides generated different tokens", file=sys.stderr)
+    if any(p["verdict"] == "MISMATCH" for p in parts):
+        print("mlxd bench: mlxd generated other tokens than mlx-lm", file=sys.stderr)
         return 1
     return 0

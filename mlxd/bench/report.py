@@ -48,6 +48,39 @@ def summarize(rounds: list[dict[str, Any]], metrics: list[tuple]) -> dict[str, A
     return out
 
 
+def first_divergence(a: list, b: list) -> int | None:
+    """The first token index where two runs differ (None: identical); runs are token lists or,
+    for concurrent runs, lists of per-stream token lists."""
+    a_streams, b_streams = (a, b) if a and isinstance(a[0], list) else ([a], [b])
+    found = [
+        next((i for i, (x, y) in enumerate(zip(sa, sb, strict=False)) if x != y), len(sa))
+        for sa, sb in zip(a_streams, b_streams, strict=True)
+        if sa != sb
+    ]
+    return min(found) if found else None
+
+
+def consistency(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Greedy tokens: mlxd vs mlx-lm per pair, and each side against its own first run (the
+    control: a backend that is not bit-deterministic makes mlx-lm differ from itself too)."""
+    cross = [first_divergence(r["mlx_lm"]["tokens"], r["mlxd"]["tokens"]) for r in runs]
+    own = {
+        side: [first_divergence(runs[0][side]["tokens"], r[side]["tokens"]) for r in runs[1:]]
+        for side in SIDES
+    }
+    if all(d is None for d in cross):
+        verdict = "identical"
+    elif any(d is not None for d in own["mlx_lm"]):
+        verdict = "backend-nondeterministic"
+    else:
+        verdict = "MISMATCH"
+    return {
+        "verdict": verdict,
+        "tokens_identical": verdict == "identical",
+        "first_divergence": {"mlxd_vs_mlx_lm": cross, **own},
+    }
+
+
 def _fmt(s: dict[str, Any], digits: int) -> str:
     return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
 
@@ -103,7 +136,25 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _span(xs: list[int | None]) -> str:
+    hits = [x for x in xs if x is not None]
+    if not hits:
+        return f"never ({len(xs)} runs)"
+    return f"token {min(hits)}-{max(hits)} in {len(hits)} of {len(xs)} runs"
+
+
 def _identical_line(part: dict[str, Any]) -> str:
-    ok = part["tokens_identical"]
-    verdict = "yes" if ok else "NO - the two sides did different work; ratios are meaningless"
-    return f"greedy token ids identical (every round and the warm-up): {verdict}"
+    """The verdict of `consistency`, in words, with where the runs first differ."""
+    div = part["first_divergence"]
+    verdict = part["verdict"]
+    if verdict == "identical":
+        return "greedy token ids: identical on both sides in every round and the warm-up"
+    where = (
+        f"mlxd vs mlx-lm first differ at {_span(div['mlxd_vs_mlx_lm'])}; "
+        f"mlx-lm vs its own first run: {_span(div['mlx_lm'])}; "
+        f"mlxd vs its own first run: {_span(div['mlxd'])}"
+    )
+    if verdict == "backend-nondeterministic":
+        head = "greedy token ids: NOT identical, and mlx-lm is not deterministic against itself "
+        return head + f"on this backend either (so no bitwise check is possible here):\n  {where}"
+    return f"greedy token ids: MISMATCH - the sides did different work, ratios are void:\n  {where}"

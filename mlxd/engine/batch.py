@@ -26,10 +26,16 @@ class BatchedRow:
     uid: int = -1
     generated: list[int] = field(default_factory=list)
 
+    keyed: KeyedSampler | None = None
+
     def sampler(self):
         if self.key is None or self.req.draws is None or self.req.sampler is None:
             return self.req.sampler  # unseeded: the engine thread's shared key, as mlx-lm
-        return KeyedSampler(self.req.sampler, self.key, self.req.draws)
+        self.keyed = KeyedSampler(self.req.sampler, self.key, self.req.draws)
+        return self.keyed
+
+    def current_key(self) -> Key | None:
+        return self.keyed.key if self.keyed is not None else None
 
 
 def batchable(req: GenerationRequest) -> str | None:
@@ -86,6 +92,21 @@ class BatchedRows:
     def remove(self, row: BatchedRow) -> None:
         self.gen.remove([row.uid])
         self.rows.pop(row.uid, None)
+
+    def lone_row(self) -> tuple[BatchedRow, list[Any], tuple[mx.array, mx.array]] | None:
+        """The last row, its caches without padding and its pending token, when it is the only
+        row left and nothing is prefilling. Reads BatchGenerator's decode state (mlx-lm 0.32's
+        GenerationBatch: `_next_tokens`, `_next_logprobs`); tests/engine covers it."""
+        gen = self.gen
+        batch = gen._generation_batch
+        if len(self.rows) != 1 or len(batch) != 1:
+            return None
+        if len(gen._prompt_batch) or gen._unprocessed_sequences:
+            return None
+        row = next(iter(self.rows.values()))
+        cache = batch.extract_cache(0)
+        pending = (batch._next_tokens[0:1], batch._next_logprobs[0])
+        return row, cache, pending
 
     def step(self) -> list[tuple[RequestHandle, TokenEvent | DoneEvent]]:
         """One BatchGenerator turn: a decode step for running rows, a prefill chunk for joiners."""

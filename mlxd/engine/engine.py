@@ -24,7 +24,7 @@ from .kv_budget import KVBudgetExceeded, KVCost
 from .materialize import materialize
 from .output import RowOutput, prepare
 from .request import DoneEvent, GenerationRequest, TokenEvent
-from .rng import KeyOwner, set_key
+from .rng import KeyOwner, current_key, set_key
 from .serial import SerialRow, validate
 from .threads import run_on_worker
 
@@ -278,12 +278,33 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - a failed step ends the rows in it, not the engine
             events = [(r.handle, r.out.done("error", e)) for r in batch.rows.values()]
             batch.rows.clear()
+        if len(batch) == 1 and not self._waiting:
+            self._leave_batch(batch)
         if not len(batch):
             batch.close()
             self._batch = None
         for handle, event in events:
             self._tokens += isinstance(event, TokenEvent)
             handle.put(event)
+
+    def _leave_batch(self, batch: BatchedRows) -> None:
+        """The batch drained to one row: it goes back to the serial fast path, unpadded."""
+        lone = batch.lone_row()
+        if lone is None:
+            return
+        brow, cache, pending = lone
+        req = brow.req
+        history = req.prompt.tolist() + brow.generated
+        row = SerialRow.resume(
+            self.model, req, generation_stream, cache, pending, history, brow.generated
+        )
+        batch.remove(brow)
+        if (key := brow.current_key()) is not None:
+            self._keys.adopt(row, key)
+        elif req.random_key is not None:
+            self._keys.adopt(row, current_key())  # it drew from the thread's key: continue it
+        self._serial = (row, brow.handle, brow.out)
+        self.paths["batched->serial"] += 1
 
     def _shutdown(self) -> None:
         handles = self._active_handles()

@@ -30,6 +30,10 @@ class KeyOwner:
         set_key(self.keys.pop(id(row), initial))
         self.owner = row
 
+    def adopt(self, row: object, key: tuple[int, int]) -> None:
+        """A row arriving with a key of its own (from the batch) starts from that key."""
+        self.keys[id(row)] = key
+
     def leave(self, row: object) -> tuple[int, int] | None:
         """The row ended: its final key, if it had one."""
         if self.owner is row:

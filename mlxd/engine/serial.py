@@ -58,6 +58,32 @@ class SerialRow:
         self.emitted: list[int] = []  # tokens handed to the caller (the engine appends)
         self.progress(0, self.total)
 
+    @classmethod
+    def resume(
+        cls,
+        model: Any,
+        req: GenerationRequest,
+        stream: Any,
+        cache: list[Any],
+        pending: tuple[mx.array, mx.array],
+        history: list[int],
+        emitted: list[int],
+    ) -> "SerialRow":
+        """A row leaving a batch: its (unpadded) caches, its sampled-but-unfed token and that
+        token's logprobs, the tokens in its cache, and what it has emitted so far."""
+        row = cls.__new__(cls)
+        row.model, row.req, row.stream, row.cache = model, req, stream, cache
+        row.quantize = functools.partial(maybe_quantize_kv_cache, quantized_kv_start=0,
+                                         kv_group_size=64, kv_bits=None)  # fmt: skip
+        row.sampler = req.sampler or greedy_sampler
+        row.progress = lambda *_: None
+        row.prompt, row.emb = mx.array([], dtype=mx.int32), None
+        row.total = row.processed = len(req.prompt)
+        row.tokens = mx.array(history) if req.logits_processors else None
+        row.y, row.logprobs = pending
+        row.n, row.emitted = len(emitted), list(emitted)
+        return row
+
     def _call(self, tokens: mx.array, emb: mx.array | None) -> mx.array:
         if emb is not None:
             return self.model(tokens, cache=self.cache, input_embeddings=emb)

@@ -1,0 +1,59 @@
+"""`mlxd bench generate` end to end on the tiny random shape: both sides, ratios, identical
+greedy tokens. A benchmark, not a timed test: nothing here asserts a speed."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlxd.bench.report import CONCURRENT_METRICS, SINGLE_METRICS, consistency, first_divergence
+from mlxd.cli import main
+
+
+def test_bench_generate_tiny_through_the_cli(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    argv = ["bench", "generate", "--random-shape", "tiny", "--dtype", "float32"]
+    argv += ["--prompt-tokens", "12", "--gen-tokens", "6", "--rounds", "2", "--concurrent", "2"]
+    main([*argv, "--json", str(out)])  # returns normally: no token mismatch
+    result = json.loads(out.read_text())
+    modes = (("single", SINGLE_METRICS, 1), ("concurrent", CONCURRENT_METRICS, 2))
+    for mode, metrics, streams in modes:
+        part = result[mode]
+        assert part["verdict"] == "identical" and part["tokens_identical"] is True
+        assert len(part["rounds"]) == 2 and len(part["warmup"]) == 1
+        for rec in part["rounds"]:
+            assert rec["mlx_lm"]["tokens"] == rec["mlxd"]["tokens"]
+            for side in ("mlx_lm", "mlxd"):
+                assert rec[side]["generated"] == 6 * streams
+        for key, *_ in metrics:
+            assert set(part["summary"]["ratio"][key]) >= {"median", "min", "max", "values"}
+            for side in ("mlx_lm", "mlxd"):
+                assert part["summary"][side][key]["min"] <= part["summary"][side][key]["max"]
+    assert result["concurrent"]["engine_paths"] == {"batched": 6}  # really batched, not serial
+    assert result["model"]["name"] == "tiny" and result["env"]["mlx"]
+    table = capsys.readouterr().out
+    assert "mlxd/mlx-lm" in table and "identical on both sides" in table
+
+
+def test_consistency_tells_a_mismatch_from_a_nondeterministic_backend() -> None:
+    def run(a: list[int], b: list[int]) -> dict:
+        return {"mlx_lm": {"tokens": a}, "mlxd": {"tokens": b}}
+
+    assert first_divergence([1, 2, 3], [1, 2, 4]) == 2
+    assert first_divergence([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == 1
+    assert first_divergence([1, 2], [1, 2]) is None
+    same = consistency([run([1, 2, 3], [1, 2, 3])] * 3)
+    assert same["verdict"] == "identical"
+    # mlx-lm repeats itself but mlxd does not: mlxd did other work.
+    assert consistency([run([1, 2, 3], [1, 2, 4])] * 3)["verdict"] == "MISMATCH"
+    # mlx-lm differs from itself too: no bitwise check is possible on that backend.
+    noisy = consistency([run([1, 2, 3], [1, 2, 4]), run([1, 5, 3], [1, 2, 3])])
+    assert noisy["verdict"] == "backend-nondeterministic"
+    assert noisy["first_divergence"]["mlx_lm"] == [1]
+
+
+@pytest.mark.parametrize("bad", [["--concurrent", "1"], ["--gen-tokens", "1"]])
+def test_bench_generate_refuses_meaningless_settings(bad: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "generate", "--random-shape", "tiny", "--rounds", "1", *bad])
+    assert e.value.code not in (0, None)
