@@ -4,8 +4,24 @@
 import from `mlx_lm`, and `load` also takes GGUF files and `None` (the embedded default model).
 """
 
-from .engine import batch_generate, generate, stream_generate
+from .engine import (
+    Engine,
+    GenerationRequest,
+    SamplingParams,
+    batch_generate,
+    generate,
+    stream_generate,
+)
 from .model import ModelLoadError, load
 
 __version__ = "0.1.0"
-__all__ = ["ModelLoadError", "batch_generate", "generate", "load", "stream_generate"]
+__all__ = [
+    "Engine",
+    "GenerationRequest",
+    "ModelLoadError",
+    "SamplingParams",
+    "batch_generate",
+    "generate",
+    "load",
+    "stream_generate",
+]

@@ -1,5 +1,21 @@
-"""Layer 3: the engine (rows, scheduling, sampling). Today: the generation API it will serve."""
+"""Layer 3: the engine (admission, serial and batched rows, per-row sampling)."""
 
+from .admission import Overloaded
 from .api import batch_generate, generate, stream_generate
+from .engine import Engine
+from .kv_budget import KVBudgetExceeded
+from .request import DoneEvent, GenerationRequest, TokenEvent
+from .sampling import SamplingParams
 
-__all__ = ["batch_generate", "generate", "stream_generate"]
+__all__ = [
+    "DoneEvent",
+    "Engine",
+    "GenerationRequest",
+    "KVBudgetExceeded",
+    "Overloaded",
+    "SamplingParams",
+    "TokenEvent",
+    "batch_generate",
+    "generate",
+    "stream_generate",
+]

@@ -1,0 +1,99 @@
+"""Admission: the bounded FIFO of waiting requests, the row cap, and the KV budget."""
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .batch import batchable
+from .handle import RequestHandle
+from .kv_budget import KVBudgetExceeded, KVCost
+from .request import DoneEvent, GenerationRequest
+
+Waiting = tuple[GenerationRequest, RequestHandle]
+
+
+class Overloaded(RuntimeError):
+    """The waiting queue is full; retry later."""
+
+
+class Admission:
+    def __init__(self, cap: int, max_queue: int, kv_budget: int | None, model: Any) -> None:
+        self.cap, self.max_queue, self.kv_budget = cap, max_queue, kv_budget
+        self.kv_cost = KVCost.probe(model) if kv_budget is not None else None
+        self.waiting: collections.deque[Waiting] = collections.deque()
+        self.wake = threading.Condition()
+        self.closed = False
+        self._need: dict[int, int] = {}  # id(handle) -> reserved worst-case KV bytes
+
+    def check(self, req: GenerationRequest) -> None:
+        """Refuse, in the caller, a request that could never fit the KV budget."""
+        if self.kv_cost is None:
+            return
+        need = self.kv_cost.worst(req)
+        if need > self.kv_budget:
+            raise KVBudgetExceeded(
+                f"request needs {need} bytes of KV cache (prompt {len(req.prompt)} + "
+                f"max_tokens {req.max_tokens} tokens) but kv_budget is {self.kv_budget} bytes"
+            )
+
+    def push(self, items: list[Waiting]) -> None:
+        with self.wake:
+            if self.closed:
+                raise RuntimeError("engine is closed")
+            if len(self.waiting) + len(items) > self.max_queue:
+                raise Overloaded(f"{len(self.waiting)} requests waiting (max_queue)")
+            self.waiting.extend(items)
+            self.wake.notify()
+
+    def _fits(self, req: GenerationRequest, handle: RequestHandle, live: set[int]) -> bool:
+        """Reserve the row's worst case if it fits beside the live rows."""
+        if self.kv_cost is None:
+            return True
+        self._need = {k: v for k, v in self._need.items() if k in live}
+        need = self.kv_cost.worst(req)
+        if sum(self._need.values()) + need > self.kv_budget:
+            return False
+        self._need[id(handle)] = need
+        return True
+
+    def take(self, active: Callable[[], list[RequestHandle]], alone: bool) -> list[Waiting]:
+        """FIFO joiners for this turn (blocks while the engine is idle). A request that cannot
+        be batched is taken only when nothing else runs, and then alone."""
+        with self.wake:
+            while not active() and not self.waiting and not self.closed:
+                self.wake.wait()
+            running = active()
+            live = {id(h) for h in running}
+            joiners: list[Waiting] = []
+            while self.waiting and not alone:
+                req, handle = self.waiting[0]
+                if handle.cancelled:
+                    self.waiting.popleft()
+                    handle.put(DoneEvent("cancelled"))
+                    continue
+                if len(running) + len(joiners) >= self.cap:
+                    break
+                solo = batchable(req) is not None
+                if solo and (running or joiners):
+                    break  # it waits until it can run alone
+                if not self._fits(req, handle, live | {id(h) for _, h in joiners}):
+                    break  # it waits until enough KV is free
+                joiners.append(self.waiting.popleft())
+                alone = solo
+            return joiners
+
+    def reserved(self, live: set[int]) -> int:
+        return sum(v for k, v in self._need.items() if k in live)
+
+    def close(self) -> None:
+        with self.wake:
+            self.closed = True
+            self.wake.notify()
+
+    def drain(self) -> list[RequestHandle]:
+        """The handles still waiting, removed (the engine cancels them at shutdown)."""
+        with self.wake:
+            handles = [h for _, h in self.waiting]
+            self.waiting.clear()
+            return handles
