@@ -1,1 +1,1 @@
-"""`mlxd bench`: side-by-side benchmarks against mlx-lm. Lands with the engine issue."""
+"""`mlxd bench`: mlxd and mlx-lm side by side on one model in one process; ratios with spread."""

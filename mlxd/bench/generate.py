@@ -19,7 +19,14 @@ from ..engine import stream_generate as mlxd_stream_generate
 from ..engine.engine import Engine
 from . import concurrent
 from .models import BenchModel, build_random, load_ref, random_prompts
-from .report import CONCURRENT_METRICS, SINGLE_METRICS, consistency, render, summarize
+from .report import (
+    CONCURRENT_METRICS,
+    SINGLE_METRICS,
+    consistency,
+    percentile,
+    render,
+    summarize,
+)
 
 
 def _fresh() -> None:
@@ -41,25 +48,37 @@ def single_run(
         tokens.append(int(r.token))
     peak = mx.get_peak_memory()
     ttft = stamps[0] - t0
+    # Per-step times: their low percentiles show the step cost when the host does not stall.
+    itl = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False)] or [0.0]
     return {
         "ttft_s": ttft,
         "prefill_tok_s": prompt.size / ttft,
         "decode_tok_s": (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0,
+        "itl_p50_ms": percentile(itl, 50),
+        "itl_p10_ms": percentile(itl, 10),
         "peak_memory_gb": peak / 1e9,
         "generated": len(tokens),
         "reported_prompt_tps": r.prompt_tps,  # what each side's own response object says
         "reported_generation_tps": r.generation_tps,
         "tokens": tokens,
+        "token_times_ms": [round(1e3 * (t - t0), 3) for t in stamps],
     }
 
 
-def _interleave(pair: Callable[[], dict[str, Any]], warmup: int, rounds: int, what: str):
-    """Untimed warm-up pairs, then timed rounds; each pair runs mlx-lm first, then mlxd."""
-    warm = [pair() for _ in range(warmup)]
+AB = ("mlx_lm", "mlxd")
+
+
+def _interleave(
+    pair: Callable[[tuple[str, str]], dict[str, Any]], args: Any, rounds: int, what: str
+) -> dict[str, Any]:
+    """Untimed warm-up pairs, then timed rounds A B A B (or A B, B A, ... with --order
+    alternate, so that neither side always runs right after the other)."""
+    warm = [pair(AB) for _ in range(args.warmup)]
     timed = []
     with tqdm(total=rounds, desc=what, file=sys.stderr, disable=None) as bar:
         for i in range(rounds):
-            timed.append(rec := pair())
+            order = AB[::-1] if args.order == "alternate" and i % 2 else AB
+            timed.append(rec := pair(order))
             a, b = rec["mlx_lm"]["decode_tok_s"], rec["mlxd"]["decode_tok_s"]
             bar.write(f"[{what}] round {i}: decode tok/s mlx-lm {a:.1f}, mlxd {b:.1f}", sys.stderr)
             bar.update()
@@ -70,13 +89,14 @@ def bench_single(bm: BenchModel, args: Any) -> dict[str, Any]:
     prompt = mx.array(random_prompts(bm.vocab_size, 1, args.prompt_tokens, args.seed)[0])
     sides = {"mlx_lm": mlx_lm_stream_generate, "mlxd": mlxd_stream_generate}
 
-    def pair() -> dict[str, dict[str, Any]]:
-        return {
-            s: single_run(fn, bm, prompt, args.gen_tokens, args.prefill_step_size)
-            for s, fn in sides.items()
+    def pair(order: tuple[str, str]) -> dict[str, dict[str, Any]]:
+        runs = {
+            s: single_run(sides[s], bm, prompt, args.gen_tokens, args.prefill_step_size)
+            for s in order
         }
+        return {"order": list(order), **runs}
 
-    out = _interleave(pair, args.warmup, args.rounds, "single")
+    out = _interleave(pair, args, args.rounds, "single")
     return out | {"summary": summarize(out["rounds"], SINGLE_METRICS)}
 
 
@@ -87,9 +107,9 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
     # Capacity n on both sides: the same batch composition, so the same tokens.
     engine = Engine(bm.model, batch=n, prefill_step_size=step)
 
-    def pair() -> dict[str, dict[str, Any]]:
-        out = {}
-        for side in ("mlx_lm", "mlxd"):
+    def pair(order: tuple[str, str]) -> dict[str, Any]:
+        out: dict[str, Any] = {"order": list(order)}
+        for side in order:
             _fresh()
             if side == "mlx_lm":
                 t0, stamps, tokens = concurrent.run_mlx_lm(bm.model, lists, gen, n, step)
@@ -99,7 +119,7 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
         return out
 
     try:
-        out = _interleave(pair, args.warmup, args.concurrent_rounds, "concurrent")
+        out = _interleave(pair, args, args.concurrent_rounds, "concurrent")
     finally:
         engine.close()
     summary = summarize(out["rounds"], CONCURRENT_METRICS)

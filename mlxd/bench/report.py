@@ -12,6 +12,8 @@ SINGLE_METRICS = [
     ("prefill_tok_s", "prefill tok/s", "higher", 1),
     ("decode_tok_s", "decode tok/s", "higher", 1),
     ("ttft_s", "time to first token s", "lower", 4),
+    ("itl_p50_ms", "inter-token p50 ms", "lower", 3),
+    ("itl_p10_ms", "inter-token p10 ms", "lower", 3),
     ("peak_memory_gb", "peak memory GB", "lower", 3),
 ]
 CONCURRENT_METRICS = [

@@ -50,6 +50,12 @@ def _workload_group(p: argparse.ArgumentParser) -> None:
         "--concurrent-rounds", type=int, default=None, help="concurrent rounds (default: --rounds)"
     )
     g.add_argument("--warmup", type=int, default=1, help="untimed A B pairs before each mode")
+    g.add_argument(
+        "--order",
+        choices=("ab", "alternate"),
+        default="ab",
+        help="ab: mlx-lm then mlxd every round; alternate: A B, B A, A B, ...",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed for random weights and prompts")
 
 

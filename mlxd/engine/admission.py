@@ -5,7 +5,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .batch import batchable
+from .batch import BatchConfig, batchable
 from .handle import RequestHandle
 from .kv_budget import KVBudgetExceeded, KVCost
 from .request import DoneEvent, GenerationRequest
@@ -18,8 +18,10 @@ class Overloaded(RuntimeError):
 
 
 class Admission:
-    def __init__(self, cap: int, max_queue: int, kv_budget: int | None, model: Any) -> None:
-        self.cap, self.max_queue, self.kv_budget = cap, max_queue, kv_budget
+    def __init__(
+        self, cap: int, max_queue: int, kv_budget: int | None, model: Any, config: BatchConfig
+    ) -> None:
+        self.cap, self.max_queue, self.kv_budget, self.config = cap, max_queue, kv_budget, config
         self.kv_cost = KVCost.probe(model) if kv_budget is not None else None
         self.waiting: collections.deque[Waiting] = collections.deque()
         self.wake = threading.Condition()
@@ -74,7 +76,7 @@ class Admission:
                     continue
                 if len(running) + len(joiners) >= self.cap:
                     break
-                solo = batchable(req) is not None
+                solo = batchable(req, self.config) is not None
                 if solo and (running or joiners):
                     break  # it waits until it can run alone
                 if not self._fits(req, handle, live | {id(h) for _, h in joiners}):

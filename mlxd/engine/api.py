@@ -1,7 +1,7 @@
 """The Python generation API with mlx-lm's signatures and results.
 
-`stream_generate` / `generate` run on mlxd's Engine (one per model, its own thread);
-`batch_generate` and drafting still run mlx-lm's loops until the engine batches rows.
+`stream_generate` / `generate` run on mlxd's Engine (one per model, its own thread),
+`batch_generate` on an engine of its own; drafting still runs mlx-lm's speculative loop.
 The parity tests (tests/parity) hold all of them bit-exact to mlx-lm.
 """
 
@@ -12,10 +12,12 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchResponse, GenerationResponse
-from mlx_lm.generate import batch_generate as _mlx_batch_generate
 from mlx_lm.generate import stream_generate as _mlx_stream_generate
+from mlx_lm.generate_utils import BatchStats
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from .batch import BatchConfig
+from .engine import Engine
 from .handle import RequestHandle
 from .registry import engine_for
 from .request import GenerationRequest
@@ -172,16 +174,75 @@ def batch_generate(
     return_logprobs: bool = False,
     **kwargs: Any,
 ) -> BatchResponse:
-    """Generate for several token prompts at once (mlx-lm's BatchResponse)."""
-    return _mlx_batch_generate(
-        model,
-        tokenizer,
-        prompts,
-        prompt_caches=prompt_caches,
-        max_tokens=max_tokens,
-        verbose=verbose,
-        return_prompt_caches=return_prompt_caches,
-        return_token_ids=return_token_ids,
-        return_logprobs=return_logprobs,
-        **kwargs,
+    """Generate for several token prompts at once (mlx-lm's BatchResponse), on an engine of
+    its own whose batched step is configured as mlx-lm's BatchGenerator would be."""
+    cbs, pbs = kwargs.pop("completion_batch_size", 32), kwargs.pop("prefill_batch_size", 8)
+    config = BatchConfig(
+        completion_batch_size=max(cbs, pbs),
+        prefill_batch_size=pbs,
+        prefill_step_size=kwargs.pop("prefill_step_size", 2048),
+        max_kv_size=kwargs.pop("max_kv_size", None),
+    )
+    sampler, processors = kwargs.pop("sampler", None), kwargs.pop("logits_processors", None)
+    kwargs.pop("stream", None)
+    if kwargs:
+        raise TypeError(f"batch_generate() got unexpected keyword arguments {sorted(kwargs)}")
+    n = len(prompts)
+    limits = [max_tokens] * n if isinstance(max_tokens, int) else list(max_tokens)
+    eos = frozenset(tokenizer.eos_token_ids)
+    key = current_key()  # the batch samples from the caller's PRNG key, as mlx-lm's does
+    reqs = [
+        GenerationRequest(
+            prompt=mx.array(p),
+            random_key=key,
+            max_tokens=m,
+            sampler=sampler,
+            logits_processors=processors,
+            prompt_cache=c,
+            max_kv_size=config.max_kv_size,
+            stop_token_ids=eos,
+            prefill_step_size=config.prefill_step_size,
+            return_prompt_cache=return_prompt_caches,
+        )
+        for p, m, c in zip(prompts, limits, prompt_caches or [None] * n, strict=True)
+    ]
+    # Every prompt is admitted at once (the batched step queues beyond its own cap, as
+    # BatchGenerator does) and no row takes the serial path: BatchGenerator's bits throughout.
+    engine = Engine(model, batch=max(n, 1), batch_config=config, serial_fast_path=False)
+    try:
+        if verbose:
+            print(f"[batch_generate] Finished processing 0/{n} ...", end="\r")
+        handles = engine.submit_many(reqs)
+        tokens, logprobs, caches = [], [], []
+        for fin, handle in enumerate(handles, 1):
+            events = list(handle)
+            if handle.done.reason == "stop":
+                events = events[:-1]  # mlx-lm drops the stop token
+            tokens.append([e.token for e in events])
+            logprobs.append([e.logprobs[e.token].item() for e in events])
+            caches.append(handle.done.prompt_cache)
+            if verbose:
+                print(f"[batch_generate] Finished processing {fin}/{n} ...", end="\r")
+        stats = engine.last_batch_stats or BatchStats()
+        if sampler is not None and engine.last_batch_key is not None:
+            set_key(engine.last_batch_key)  # only a given sampler draws from the caller's key
+    finally:
+        engine.close()
+    if verbose:
+        print(f"[batch_generate] Finished processing {n}/{n}")
+        print(
+            f"[batch_generate] Prompt: {stats.prompt_tokens} tokens, "
+            f"{stats.prompt_tps:.3f} tokens-per-sec"
+        )
+        print(
+            f"[batch_generate] Generation: {stats.generation_tokens} tokens, "
+            f"{stats.generation_tps:.3f} tokens-per-sec"
+        )
+        print(f"[batch_generate] Peak memory: {stats.peak_memory:.3f} GB")
+    return BatchResponse(
+        [tokenizer.decode(t) for t in tokens],
+        stats,
+        caches if return_prompt_caches else None,
+        tokens if return_token_ids else None,
+        logprobs if return_logprobs else None,
     )

@@ -14,6 +14,7 @@ from mlx_lm.generate import BatchGenerator
 from .handle import RequestHandle
 from .output import RowOutput
 from .request import DoneEvent, GenerationRequest, TokenEvent
+from .rng import current_key
 from .sampling import Key, KeyedSampler
 
 
@@ -38,30 +39,43 @@ class BatchedRow:
         return self.keyed.key if self.keyed is not None else None
 
 
-def batchable(req: GenerationRequest) -> str | None:
-    """None when the request can share the batched step, else the reason it runs alone."""
+@dataclass
+class BatchConfig:
+    """BatchGenerator's knobs (mlx-lm's defaults derive from the engine's row cap)."""
+
+    completion_batch_size: int = 8
+    prefill_batch_size: int = 8
+    prefill_step_size: int = 2048
+    max_kv_size: int | None = None  # one size for every batched row (rotating caches)
+
+
+def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:
+    """None when the request can share the batched step, else the reason it runs alone.
+    mlx-lm's rule: a row is batchable when every one of its cache layers can merge."""
     if req.kv_bits is not None:
         return "quantized KV (kv_bits) runs one row at a time until batched KV schemes land"
-    if req.max_kv_size is not None:
-        return "a per-request max_kv_size runs one row at a time"
+    if req.max_kv_size != config.max_kv_size:
+        return "a max_kv_size other than the engine's runs one row at a time"
     if req.input_embeddings is not None:
         return "input embeddings run one row at a time"
-    if req.prompt_cache is not None:
-        return "a caller-supplied prompt_cache runs one row at a time"
+    if req.prompt_cache is not None and not all(hasattr(c, "merge") for c in req.prompt_cache):
+        return "a prompt_cache with layers that cannot merge runs one row at a time"
     return None
 
 
 class BatchedRows:
     """The batched rows of one engine (created when a second row joins)."""
 
-    def __init__(self, model: Any, capacity: int, prefill_step_size: int, stream: Any) -> None:
+    def __init__(self, model: Any, config: BatchConfig) -> None:
         self.gen = BatchGenerator(
             model,
-            completion_batch_size=capacity,
-            prefill_batch_size=min(capacity, 8),
-            prefill_step_size=prefill_step_size,
-            stream=stream,
+            completion_batch_size=config.completion_batch_size,
+            prefill_batch_size=config.prefill_batch_size,
+            prefill_step_size=config.prefill_step_size,
+            max_kv_size=config.max_kv_size,
         )
+        self._stats_window = self.gen.stats()
+        self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
         self.rows: dict[int, BatchedRow] = {}
 
     def __len__(self) -> int:
@@ -118,10 +132,15 @@ class BatchedRows:
             event, reason = row.out.token(r.token, r.logprobs)
             events.append((row.handle, event))
             if reason is not None or r.finish_reason is not None:
-                events.append((row.handle, row.out.done(reason or r.finish_reason)))
+                done = row.out.done(reason or r.finish_reason)
+                if row.req.return_prompt_cache:
+                    done.prompt_cache = r.prompt_cache
+                events.append((row.handle, done))
                 del self.rows[r.uid]
         return events
 
     def close(self) -> None:
+        self.final_key = current_key()  # the thread's PRNG key after the batch's last draw
+        self._stats_window.__exit__(None, None, None)
         self.gen.close()
         mx.clear_cache()

@@ -19,7 +19,7 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
 from .admission import Admission, Overloaded
-from .batch import BatchedRow, BatchedRows, batchable
+from .batch import BatchConfig, BatchedRow, BatchedRows, batchable
 from .handle import RequestHandle
 from .materialize import materialize
 from .moves import Serial, last_row_out, serial_into_batch
@@ -53,16 +53,24 @@ class Engine:
         weak_model: bool = False,
         tokenizer: Any | None = None,
         kv_budget: int | None = None,
+        batch_config: BatchConfig | None = None,
+        serial_fast_path: bool = True,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
         # weak_model: the Python API's engines must not keep a dropped model alive.
         self._model = weakref.ref(model) if weak_model else (lambda: model)
         materialize(model)
-        self.batch, self.prefill_step_size = batch, prefill_step_size
+        self.batch = batch
+        self.config = batch_config or BatchConfig(batch, min(batch, 8), prefill_step_size)
+        # serial_fast_path: a lone row runs serial caches, and a batch's last row returns to
+        # them. Off: every row runs BatchGenerator's step, as batch_generate promises.
+        self.serial_fast_path = serial_fast_path
         self.tokenizer = tokenizer  # when given, token events carry text deltas
         self.kv_budget = kv_budget
-        self.admission = Admission(batch, max_queue, kv_budget, model)
+        self.last_batch_stats: Any = None  # mlx-lm BatchStats of the last finished batch
+        self.last_batch_key: tuple[int, int] | None = None  # the PRNG key it ended with
+        self.admission = Admission(batch, max_queue, kv_budget, model, self.config)
         self._serial: Serial | None = None
         self._alone = False  # the serial row cannot share the batched step
         self._batch: BatchedRows | None = None
@@ -123,9 +131,10 @@ class Engine:
         if not joiners:
             return
         outs = [RowOutput(req, self.tokenizer, h.submitted) for req, h in joiners]
-        if not self._active() and len(joiners) == 1:
+        solo = len(joiners) == 1 and batchable(joiners[0][0], self.config) is not None
+        if not self._active() and len(joiners) == 1 and (self.serial_fast_path or solo):
             (req, handle), out = joiners[0], outs[0]
-            self._alone = batchable(req) is not None
+            self._alone = batchable(req, self.config) is not None
             self.paths["alone" if self._alone else "serial"] += 1
             try:
                 self._serial = (SerialRow(self.model, req, generation_stream), handle, out)
@@ -135,14 +144,14 @@ class Engine:
             return
         self.paths["batched"] += len(joiners)
         if self._batch is None:
-            self._batch = BatchedRows(self.model, self.batch, self.prefill_step_size, None)
+            self._batch = BatchedRows(self.model, self.config)
             first = joiners[0][0]
             if self._serial is None and first.random_key is not None and first.draws is None:
                 set_key(first.random_key)  # a user sampler draws from the thread's key
         pairs = zip(joiners, outs, strict=True)
         rows = [BatchedRow(r, h, o, key=r.random_key) for (r, h), o in pairs]
         prompts = [req.prompt.tolist() for req, _ in joiners]
-        caches: list[list[Any] | None] = [None] * len(rows)
+        caches: list[list[Any] | None] = [req.prompt_cache for req, _ in joiners]
         histories: list[list[int]] = [[] for _ in rows]
         if self._serial is not None:
             self.paths["serial->batched"] += 1
@@ -178,6 +187,8 @@ class Engine:
             done = out.done("error", e)
         if done is not None:
             done.random_key = self._keys.leave(row)
+            if row.req.return_prompt_cache:
+                done.prompt_cache = row.cache
             self._serial, self._alone = None, False
             del row  # the caches go before the caller hears "done"
             mx.clear_cache()
@@ -193,13 +204,14 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - a failed step ends the rows in it, not the engine
             events = [(r.handle, r.out.done("error", e)) for r in batch.rows.values()]
             batch.rows.clear()
-        if len(batch) == 1 and not self.admission.waiting:
+        if self.serial_fast_path and len(batch) == 1 and not self.admission.waiting:
             if (serial := last_row_out(batch, self.model, self._keys)) is not None:
                 self._serial = serial
                 self.paths["batched->serial"] += 1
         if not len(batch):
             batch.close()
-            self._batch = None
+            self.last_batch_stats, self._batch = batch.stats, None
+            self.last_batch_key = batch.final_key
         for handle, event in events:
             self._tokens += isinstance(event, TokenEvent)
             handle.put(event)

@@ -36,6 +36,7 @@ class GenerationRequest:
     sampling: "SamplingParams | None" = None
     seed: int | None = None  # the row's own PRNG stream; same as mx.random.seed(seed) at B=1
     draws: int | None = None  # keys the sampler takes per token (None: unknown, a user sampler)
+    return_prompt_cache: bool = False  # hand the row's caches back in its DoneEvent
     # The caller thread's PRNG key (MLX keys are per thread): samplers that draw from the
     # global key see the same sequence in the engine thread as they would in the caller's.
     random_key: tuple[int, int] | None = None
@@ -61,4 +62,5 @@ class DoneEvent:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     text: str = ""  # the detokenizer's final flush
+    prompt_cache: list[Any] | None = None  # when the request asked for it
     timings: dict[str, float] = field(default_factory=dict)

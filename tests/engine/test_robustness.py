@@ -1,0 +1,115 @@
+"""100 requests with random arrival times, lengths, parameters, stops and cancellations.
+
+With `batch=1` (strict serial) every finished request must equal its solo mlx-lm run; under
+batching every request must end with a consistent reason and count, and memory must return
+to its baseline."""
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+from mlxd.engine.sampling import SamplingParams
+
+N = 100
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Callable[..., Path]):
+    from mlx_lm import load
+
+    return load(str(tiny_model("qwen3")))[0]
+
+
+def _spec(rng: random.Random, i: int) -> dict:
+    sampled = rng.random() < 0.5
+    return {
+        "prompt": [rng.randrange(1, 150_000) for _ in range(rng.randint(1, 40))],
+        "max_tokens": rng.randint(1, 16),
+        "params": SamplingParams(temp=rng.choice([0.7, 1.0]), top_k=rng.choice([0, 20]))
+        if sampled
+        else None,
+        "seed": rng.randrange(1 << 31) if sampled else None,
+        "prefill_step_size": rng.choice([4, 16, 2048]),
+        "delay": rng.random() * 0.05,
+        "cancel_after": rng.randint(0, 2) if rng.random() < 0.15 else None,
+    }
+
+
+def _request(s: dict) -> GenerationRequest:
+    return GenerationRequest(
+        prompt=mx.array(s["prompt"]),
+        max_tokens=s["max_tokens"],
+        sampling=s["params"],
+        seed=s["seed"],
+        prefill_step_size=s["prefill_step_size"],
+    )
+
+
+def _reference(model, s: dict) -> list[int]:
+    if s["seed"] is not None:
+        mx.random.seed(s["seed"])
+    sampler = s["params"].sampler() if s["params"] else None
+    steps = generate_step(
+        mx.array(s["prompt"]),
+        model,
+        max_tokens=s["max_tokens"],
+        sampler=sampler,
+        prefill_step_size=s["prefill_step_size"],
+    )
+    return [t for t, _ in steps]
+
+
+def _run(engine: Engine, specs: list[dict]) -> list[tuple[list[int], str]]:
+    results: list = [None] * len(specs)
+
+    def client(i: int) -> None:
+        time.sleep(specs[i]["delay"])
+        handle = engine.submit(_request(specs[i]))
+        tokens = []
+        for e in handle:
+            tokens.append(e.token)
+            if specs[i]["cancel_after"] is not None and len(tokens) > specs[i]["cancel_after"]:
+                handle.cancel()
+        done = handle.wait()
+        results[i] = (tokens, done.reason)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(specs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    return results
+
+
+@pytest.mark.parametrize("batch", [1, 8], ids=["serial", "batched"])
+def test_random_load(model, batch: int) -> None:
+    rng = random.Random(batch)
+    specs = [_spec(rng, i) for i in range(N)]
+    engine = Engine(model, batch=batch)
+    try:
+        list(engine.submit(_request(specs[0])))  # warm up, then measure the baseline
+        mx.clear_cache()
+        baseline = mx.get_active_memory()
+        results = _run(engine, specs)
+        for s, (tokens, reason) in zip(specs, results, strict=True):
+            assert reason in {"length", "cancelled"}  # no EOS ids given: only these end rows
+            if reason == "length":
+                assert len(tokens) == s["max_tokens"]
+            else:  # a cancelled row stops early and its tokens so far are still right
+                assert s["cancel_after"] is not None and len(tokens) < s["max_tokens"]
+            if batch == 1:
+                assert tokens == _reference(model, s)[: len(tokens)]
+        stats = engine.stats()
+        assert stats["active"] == stats["waiting"] == 0
+        mx.clear_cache()
+        assert mx.get_active_memory() <= baseline + 64 * 1024
+    finally:
+        engine.close()
