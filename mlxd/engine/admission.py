@@ -32,7 +32,7 @@ class Admission:
         """Refuse, in the caller, a request that could never fit the KV budget."""
         if self.kv_cost is None:
             return
-        need = self.kv_cost.worst(req)
+        need = self.kv_cost.worst(req) * req.n
         if need > self.kv_budget:
             raise KVBudgetExceeded(
                 f"request needs {need} bytes of KV cache (prompt {len(req.prompt)} + "
@@ -53,7 +53,7 @@ class Admission:
         if self.kv_cost is None:
             return True
         self._need = {k: v for k, v in self._need.items() if k in live}
-        need = self.kv_cost.worst(req)
+        need = self.kv_cost.worst(req) * req.n
         if sum(self._need.values()) + need > self.kv_budget:
             return False
         self._need[id(handle)] = need
@@ -70,11 +70,11 @@ class Admission:
             joiners: list[Waiting] = []
             while self.waiting and not alone:
                 req, handle = self.waiting[0]
-                if handle.cancelled:
+                if handle.cancelled and req.n == 1:  # a group's siblings end in the engine
                     self.waiting.popleft()
                     handle.put(DoneEvent("cancelled"))
                     continue
-                if len(running) + len(joiners) >= self.cap:
+                if len(running) + sum(r.n for r, _ in joiners) + req.n > self.cap:
                     break
                 solo = batchable(req, self.config) is not None
                 if solo and (running or joiners):

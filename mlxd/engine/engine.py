@@ -20,6 +20,7 @@ from mlx_lm.generate import generation_stream
 
 from .admission import Admission, Overloaded
 from .batch import BatchConfig, BatchedRow, BatchedRows, batchable
+from .fork import ForkJob
 from .handle import RequestHandle
 from .materialize import materialize
 from .moves import Serial, last_row_out, serial_into_batch
@@ -74,6 +75,8 @@ class Engine:
         self._serial: Serial | None = None
         self._alone = False  # the serial row cannot share the batched step
         self._batch: BatchedRows | None = None
+        self._forks: list[ForkJob] = []  # n > 1 prompts being prefilled once
+        self._groups: dict[int, list[RequestHandle]] = {}  # first handle -> its siblings
         self.paths: collections.Counter[str] = collections.Counter()
         self._tokens, self._busy_s = 0, 0.0
         self._keys = KeyOwner()
@@ -93,17 +96,39 @@ class Engine:
 
     def submit_many(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
         """Submit requests atomically: admitted in one round, they share one batch composition."""
+        return self._submit(reqs, [RequestHandle() for _ in reqs])
+
+    def _submit(
+        self, reqs: list[GenerationRequest], handles: list[RequestHandle]
+    ) -> list[RequestHandle]:
         for req in reqs:
             validate(req, self.model)
             self.admission.check(req)
             prepare(req)
             materialize(req.prompt, req.input_embeddings, req.prompt_cache)
-        handles = [RequestHandle() for _ in reqs]
         self.admission.push(list(zip(reqs, handles, strict=True)))
+        return handles
+
+    def submit_n(self, req: GenerationRequest, n: int) -> list[RequestHandle]:
+        """`n` rows sampled from one prompt that is prefilled once (OpenAI's `n`). With a
+        seed, row i samples from the stream of seed + i."""
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        if n > 1 and (why := batchable(req, self.config)) is not None:
+            raise ValueError(f"n > 1 needs the batched step, and {why}")
+        req.n = n
+        handles = [RequestHandle() for _ in range(n)]
+        self._groups[id(handles[0])] = handles[1:]  # before the engine can see the request
+        try:
+            self._submit([req], handles[:1])
+        except BaseException:
+            self._groups.pop(id(handles[0]), None)
+            raise
         return handles
 
     def _active(self) -> list[RequestHandle]:
         handles = [self._serial[1]] if self._serial else []
+        handles += [h for job in self._forks for h in job.handles]
         return handles + ([r.handle for r in self._batch.rows.values()] if self._batch else [])
 
     def stats(self) -> dict[str, Any]:
@@ -128,13 +153,18 @@ class Engine:
     # engine thread
     def _admit(self) -> None:
         joiners = self.admission.take(self._active, self._alone)
+        for req, handle in [j for j in joiners if j[0].n > 1]:
+            handles = [handle, *self._groups.pop(id(handle), [])]
+            self._forks.append(ForkJob(self.model, req, handles, generation_stream, self.tokenizer))
+            self.paths["forked"] += req.n
+        joiners = [j for j in joiners if j[0].n == 1]
         if not joiners:
             return
         outs = [RowOutput(req, self.tokenizer, h.submitted) for req, h in joiners]
         solo = len(joiners) == 1 and batchable(joiners[0][0], self.config) is not None
         if not self._active() and len(joiners) == 1 and (self.serial_fast_path or solo):
             (req, handle), out = joiners[0], outs[0]
-            self._alone = batchable(req, self.config) is not None
+            self._alone = solo
             self.paths["alone" if self._alone else "serial"] += 1
             try:
                 self._serial = (SerialRow(self.model, req, generation_stream), handle, out)
@@ -143,16 +173,19 @@ class Engine:
                 handle.put(out.done("error", e))
             return
         self.paths["batched"] += len(joiners)
-        if self._batch is None:
-            self._batch = BatchedRows(self.model, self.config)
-            first = joiners[0][0]
-            if self._serial is None and first.random_key is not None and first.draws is None:
-                set_key(first.random_key)  # a user sampler draws from the thread's key
         pairs = zip(joiners, outs, strict=True)
         rows = [BatchedRow(r, h, o, key=r.random_key) for (r, h), o in pairs]
         prompts = [req.prompt.tolist() for req, _ in joiners]
         caches: list[list[Any] | None] = [req.prompt_cache for req, _ in joiners]
-        histories: list[list[int]] = [[] for _ in rows]
+        self._into_batch(rows, prompts, caches, [[] for _ in rows])
+
+    def _into_batch(self, rows, prompts, caches, histories) -> None:
+        """Insert joiners into the batch (created on demand); a serial row joins them first."""
+        if self._batch is None:
+            self._batch = BatchedRows(self.model, self.config)
+            first = rows[0].req
+            if self._serial is None and first.random_key is not None and first.draws is None:
+                set_key(first.random_key)  # a user sampler draws from the thread's key
         if self._serial is not None:
             self.paths["serial->batched"] += 1
             moved = serial_into_batch(self._serial, self._keys)
@@ -163,6 +196,28 @@ class Engine:
                 caches.insert(0, moved[2])
                 histories.insert(0, moved[3])
         self._batch.insert(rows, prompts, caches, histories)
+
+    def _fork_turn(self) -> None:
+        """One prefill chunk for each n > 1 prompt; ready ones fork into the batch."""
+        for job in list(self._forks):
+            try:
+                for handle, out in job.drop_cancelled():
+                    handle.put(out.done("cancelled"))
+                if not job.handles:
+                    self._forks.remove(job)
+                    continue
+                if not job.ready:
+                    job.step()
+                    continue
+                self._forks.remove(job)
+                rows, prompts, caches, histories = job.rows()
+                if rows:
+                    self._into_batch(rows, prompts, caches, histories)
+            except Exception as e:  # noqa: BLE001 - one bad prompt never stops the engine
+                if job in self._forks:
+                    self._forks.remove(job)
+                for handle, out in zip(job.handles, job.outs, strict=True):
+                    handle.put(out.done("error", e))
 
     def _serial_turn(self) -> None:
         row, handle, out = self._serial
@@ -218,7 +273,8 @@ class Engine:
 
     def _shutdown(self) -> None:
         handles = self._active() + self.admission.drain()
-        self._serial, self._batch = None, None
+        handles += [h for group in self._groups.values() for h in group]
+        self._serial, self._batch, self._forks = None, None, []
         for handle in handles:
             handle.put(DoneEvent("cancelled"))
 
@@ -229,6 +285,8 @@ class Engine:
                 self._shutdown()
                 return
             tic = time.perf_counter()
+            if self._forks:
+                self._fork_turn()
             if self._serial is not None:
                 self._serial_turn()
             if self._batch is not None:

@@ -37,6 +37,7 @@ class GenerationRequest:
     seed: int | None = None  # the row's own PRNG stream; same as mx.random.seed(seed) at B=1
     draws: int | None = None  # keys the sampler takes per token (None: unknown, a user sampler)
     return_prompt_cache: bool = False  # hand the row's caches back in its DoneEvent
+    n: int = 1  # rows sampled from this prompt, prefilled once (Engine.submit_n)
     # The caller thread's PRNG key (MLX keys are per thread): samplers that draw from the
     # global key see the same sequence in the engine thread as they would in the caller's.
     random_key: tuple[int, int] | None = None

@@ -1,0 +1,54 @@
+"""`n` > 1: several rows from one prompt, prefilled once.
+
+The prompt (all but its last token) is prefilled a chunk per engine turn on one serial cache;
+then the cache is copied for each sibling and all of them join the batch, each feeding the
+last prompt token with its own sampler stream."""
+
+import copy
+from typing import Any
+
+from .batch import BatchedRow
+from .handle import RequestHandle
+from .output import RowOutput
+from .request import GenerationRequest
+from .sampling import seed_key
+from .serial import SerialRow
+
+
+class ForkJob:
+    def __init__(
+        self, model: Any, req: GenerationRequest, handles: list[RequestHandle], stream: Any,
+        tokenizer: Any | None,
+    ) -> None:  # fmt: skip
+        self.req, self.handles = req, handles
+        self.row = SerialRow(model, req, stream)
+        self.outs = [RowOutput(req, tokenizer, h.submitted) for h in handles]
+
+    @property
+    def ready(self) -> bool:
+        """True once only the last prompt token is left (the point where rows diverge)."""
+        return self.row.total - self.row.processed <= 1
+
+    def step(self) -> None:
+        self.row.prefill_chunk()
+
+    def rows(self) -> tuple[list[BatchedRow], list[list[int]], list[list[Any]], list[list[int]]]:
+        """The siblings as batch joiners: rows, tokens to feed, caches, tokens in cache."""
+        prompt = self.req.prompt.tolist()
+        live = list(zip(self.handles, self.outs, strict=True))
+        rows, caches = [], []
+        for i, (handle, out) in enumerate(live):
+            key = self.req.random_key
+            if self.req.seed is not None:
+                key = seed_key(self.req.seed + i)  # choice i: the stream of seed + i
+            rows.append(BatchedRow(self.req, handle, out, key=key))
+            caches.append(self.row.cache if i == 0 else copy.deepcopy(self.row.cache))
+        n = len(rows)
+        return rows, [prompt[-1:]] * n, caches, [prompt[:-1] for _ in range(n)]
+
+    def drop_cancelled(self) -> list[tuple[RequestHandle, RowOutput]]:
+        """Siblings cancelled while the prompt was prefilling (removed from the job)."""
+        pairs = list(zip(self.handles, self.outs, strict=True))
+        self.handles = [h for h, _ in pairs if not h.cancelled]
+        self.outs = [o for h, o in pairs if not h.cancelled]
+        return [(h, o) for h, o in pairs if h.cancelled]
