@@ -7,9 +7,8 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import QuantizedKVCache, load_prompt_cache
-from mlx_lm.sample_utils import make_sampler
 
-from ..engine import generate
+from ..engine import SamplingParams, generate
 from ..model import ModelLoadError, load
 
 
@@ -105,16 +104,16 @@ def run_generate(args: argparse.Namespace) -> None:
         draft_model, draft_tokenizer = load(args.draft_model)
         if draft_tokenizer.vocab_size != tokenizer.vocab_size:
             raise ModelLoadError("Draft model tokenizer does not match model tokenizer.")
-    sampler = make_sampler(
-        args.temp,
-        args.top_p,
-        args.min_p,
-        args.min_tokens_to_keep,
+    sampler = SamplingParams(
+        temp=args.temp,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        min_tokens_to_keep=args.min_tokens_to_keep,
         top_k=args.top_k,
         xtc_probability=args.xtc_probability,
         xtc_threshold=args.xtc_threshold,
         xtc_special_tokens=tokenizer.encode("\n") + list(tokenizer.eos_token_ids),
-    )
+    ).sampler()
     response = generate(
         model,
         tokenizer,
