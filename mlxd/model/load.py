@@ -1,11 +1,15 @@
 """`load`: mlx-lm's signature and result, for every reference `resolve_model` understands."""
 
+import sys
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load as _mlx_lm_load
+from tqdm import tqdm
 
 from .check import check_folder
 from .errors import ModelLoadError
@@ -28,14 +32,36 @@ def load(
     if adapter_path is not None and not Path(adapter_path).exists():
         raise ModelLoadError(f"{adapter_path}: adapter path not found")
     try:
-        return _mlx_lm_load(
+        loaded = _mlx_lm_load(
             str(folder),
             tokenizer_config=tokenizer_config,
             model_config=model_config,
             adapter_path=adapter_path,
-            lazy=lazy,
+            lazy=True,  # evaluated below, with a progress bar
             return_config=return_config,
             trust_remote_code=trust_remote_code,
         )
+        if not lazy:
+            _materialize_with_progress(loaded[0], folder.name)
+        return loaded
     except (ValueError, OSError, RuntimeError) as e:
         raise ModelLoadError(f"{folder}: {e}") from e
+
+
+def _materialize_with_progress(model: nn.Module, label: str, chunk: int = 256 << 20) -> None:
+    """Read the weights in ~256 MB groups so a large model shows progress (tqdm hides itself
+    when stderr is not a terminal; small models finish before it would draw)."""
+    arrays = [a for _, a in tree_flatten(model.parameters())]
+    total = sum(a.nbytes for a in arrays)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {label}",
+              file=sys.stderr, disable=None, delay=1.0) as bar:  # fmt: skip
+        group, size = [], 0
+        for a in arrays:
+            group.append(a)
+            size += a.nbytes
+            if size >= chunk:
+                mx.eval(group)
+                bar.update(size)
+                group, size = [], 0
+        mx.eval(group)
+        bar.update(size)
