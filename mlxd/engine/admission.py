@@ -59,9 +59,13 @@ class Admission:
         self._need[id(handle)] = need
         return True
 
-    def take(self, active: Callable[[], list[RequestHandle]], alone: bool) -> list[Waiting]:
+    def take(
+        self, active: Callable[[], list[RequestHandle]], alone: bool, busy: bool
+    ) -> list[Waiting]:
         """FIFO joiners for this turn (blocks while the engine is idle). A request that cannot
         be batched is taken only when nothing else runs, and then alone."""
+        if busy and not self.waiting and not self.closed:
+            return []  # the per-token fast path: no lock, nothing to admit
         with self.wake:
             while not active() and not self.waiting and not self.closed:
                 self.wake.wait()

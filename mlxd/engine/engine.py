@@ -152,7 +152,8 @@ class Engine:
 
     # engine thread
     def _admit(self) -> None:
-        joiners = self.admission.take(self._active, self._alone)
+        busy = self._serial is not None or bool(self._forks) or self._batch is not None
+        joiners = self.admission.take(self._active, self._alone, busy)
         for req, handle in [j for j in joiners if j[0].n > 1]:
             handles = [handle, *self._groups.pop(id(handle), [])]
             self._forks.append(ForkJob(self.model, req, handles, generation_stream, self.tokenizer))
