@@ -1,5 +1,6 @@
 """`mlxd bench generate`: mlx-lm and mlxd side by side on one model in one process, rounds
-interleaved A B A B so machine drift hits both sides alike; greedy tokens must match."""
+interleaved A B A B so machine drift hits both sides alike; greedy tokens are compared (with
+each side against itself as the control for a nondeterministic backend)."""
 
 import gc
 import json
