@@ -4,9 +4,9 @@ import argparse
 import sys
 
 from ..model.errors import ModelLoadError
-from . import bench, convert, generate
+from . import bench, convert, generate, serve
 
-SUBCOMMANDS = {"generate": generate, "convert": convert, "bench": bench}
+SUBCOMMANDS = {"generate": generate, "serve": serve, "convert": convert, "bench": bench}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -130,9 +130,10 @@ class BatchedRows:
             row = self.rows[r.uid]
             row.generated.append(r.token)
             event, reason = row.out.token(r.token, r.logprobs)
+            event.finish = reason = reason or r.finish_reason
             events.append((row.handle, event))
-            if reason is not None or r.finish_reason is not None:
-                done = row.out.done(reason or r.finish_reason)
+            if reason is not None:
+                done = row.out.done(reason)
                 if row.req.return_prompt_cache:
                     done.prompt_cache = r.prompt_cache
                 events.append((row.handle, done))

@@ -145,6 +145,11 @@ class Engine:
                 "paths": dict(self.paths),
             }
 
+    @property
+    def alive(self) -> bool:
+        """The engine thread is running and accepting work."""
+        return not self._stopped.is_set() and not self.admission.closed
+
     def close(self) -> None:
         self.admission.close()
         if threading.current_thread() is not self._thread:

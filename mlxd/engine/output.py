@@ -11,6 +11,12 @@ from .request import DoneEvent, GenerationRequest, TokenEvent
 from .sampling import seed_key
 
 
+def top_k(logprobs: mx.array, k: int) -> list[tuple[int, float]]:
+    """mlx_lm.server's top tokens: `argpartition` order (unsorted), as its response shows them."""
+    ids = mx.argpartition(-logprobs, kth=k - 1)[:k]
+    return list(zip(ids.tolist(), logprobs[ids].tolist(), strict=True))
+
+
 def prepare(req: GenerationRequest) -> None:
     """Resolve parameters into mlx-lm's sampler / processors and the seed into a key (caller
     thread, before submit returns, so a bad parameter raises there)."""
@@ -52,7 +58,12 @@ class RowOutput:
         reason = "stop" if stop else None
         if reason is None and self.count == self.req.max_tokens:
             reason = "length"
-        return TokenEvent(token, logprobs, text), reason
+        event = TokenEvent(token, logprobs, text, reason)
+        if self.req.logprob:
+            event.logprob = logprobs[token].item()
+        if (k := self.req.top_logprobs) > 0:
+            event.top_logprobs = top_k(logprobs, k)
+        return event, reason
 
     def done(self, reason: str, error: BaseException | None = None) -> DoneEvent:
         text = ""

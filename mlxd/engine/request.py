@@ -41,6 +41,8 @@ class GenerationRequest:
     # The caller thread's PRNG key (MLX keys are per thread): samplers that draw from the
     # global key see the same sequence in the engine thread as they would in the caller's.
     random_key: tuple[int, int] | None = None
+    logprob: bool = False  # put the sampled token's log-probability on each TokenEvent
+    top_logprobs: int = 0  # and the k most likely (id, logprob) pairs, mlx_lm.server's order
 
 
 @dataclass
@@ -51,6 +53,9 @@ class TokenEvent:
     token: int
     logprobs: mx.array
     text: str = ""
+    finish: str | None = None  # the reason this token ends the row ("stop" / "length"), if it does
+    logprob: float | None = None  # when the request asked for it
+    top_logprobs: list[tuple[int, float]] | None = None
 
 
 @dataclass

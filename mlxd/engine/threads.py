@@ -42,3 +42,8 @@ def run_on_worker(job: Callable[[], None], done: threading.Event) -> threading.T
 
     worker.jobs.put(wrapped)
     return worker.thread
+
+
+def run_soon(job: Callable[[], None]) -> None:
+    """Run `job` on an idle pooled thread (or a new one), without waiting for it."""
+    run_on_worker(job, threading.Event())

@@ -172,3 +172,28 @@ def test_engine_runs_on_its_own_thread(model) -> None:
             engine.submit(_request(PROMPTS[0], 2))
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("concurrent", [1, 3], ids=["serial", "batched"])
+def test_token_events_carry_logprob_top_logprobs_and_finish(model, concurrent: int) -> None:
+    """`logprob` is the sampled token's entry of the logprob vector and `top_logprobs` the k
+    largest entries (mlx_lm.server computes them with argpartition: compared as sets here, each
+    value equal to the vector's own); the last event names the finish reason."""
+    engine = Engine(model, batch=4)
+    try:
+        reqs = [
+            GenerationRequest(prompt=mx.array(p), max_tokens=6, logprob=True, top_logprobs=5)
+            for p in PROMPTS[:concurrent]
+        ]
+        handles = engine.submit_many(reqs)
+        for handle in handles:
+            events = list(handle)
+            assert [e.finish for e in events] == [None] * 5 + ["length"]
+            for e in events:
+                vector = e.logprobs.tolist()
+                assert e.logprob == vector[e.token]
+                best = sorted(range(len(vector)), key=lambda i: -vector[i])[:5]
+                assert {i for i, _ in e.top_logprobs} == set(best)
+                assert all(lp == vector[i] for i, lp in e.top_logprobs)
+    finally:
+        engine.close()

@@ -1,0 +1,178 @@
+"""`mlxd serve`: every `mlx_lm.server` flag with its default, plus mlxd's, grouped by layer."""
+
+import argparse
+
+from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
+from mlx_lm.utils import _parse_size
+
+from ..model.default import DEFAULT_MODEL_NAME
+
+
+def _model_group(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model (L1)")
+    g.add_argument(
+        "--model",
+        type=str,
+        help="local model folder, Hugging Face repo id (local cache first) or .gguf file; "
+        f"default: the embedded {DEFAULT_MODEL_NAME}",
+    )
+    g.add_argument(
+        "--adapter-path", type=str, help="Optional path for the trained adapter weights and config."
+    )
+    g.add_argument(
+        "--draft-model",
+        type=str,
+        default=None,
+        help="A model for speculative decoding (refused at start: the engine has no drafting yet)",
+    )
+    g.add_argument("--num-draft-tokens", type=int, default=3, help="Tokens to draft per step.")
+    g.add_argument(
+        "--trust-remote-code", action="store_true", help="Enable trusting remote code for tokenizer"
+    )
+    g.add_argument(
+        "--chat-template", type=str, default="", help="Specify a chat template for the tokenizer"
+    )
+    g.add_argument(
+        "--use-default-chat-template", action="store_true", help="Use the default chat template"
+    )
+    g.add_argument(
+        "--chat-template-args",
+        type=str,
+        default="{}",
+        help="JSON arguments for the tokenizer's apply_chat_template, e.g. "
+        "'{\"enable_thinking\":false}'",
+    )
+
+
+def _kv_group(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("KV cache and prompt store (L0, L2)")
+    g.add_argument("--kv-bits", type=int, default=None, help="KV cache quantization bits (4 or 8)")
+    g.add_argument("--kv-group-size", type=int, default=64, help="KV quantization group size")
+    g.add_argument(
+        "--quantized-kv-start",
+        type=int,
+        default=DEFAULT_QUANTIZED_KV_START,
+        help=f"Token position to start KV quantization (default: {DEFAULT_QUANTIZED_KV_START})",
+    )
+    g.add_argument(
+        "--prompt-cache-size",
+        type=int,
+        default=10,
+        help="Maximum number of distinct KV caches in the prompt cache",
+    )
+    g.add_argument(
+        "--prompt-cache-bytes", type=_parse_size, help="Maximum size in bytes of the KV caches"
+    )
+
+
+def _engine_group(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine (L3)")
+    g.add_argument(
+        "--batch",
+        "--decode-concurrency",
+        dest="batch",
+        type=int,
+        default=8,
+        help="maximum concurrent rows; more requests wait in the queue (default: 8)",
+    )
+    g.add_argument(
+        "--prompt-concurrency",
+        type=int,
+        default=8,
+        help="prompts prefilled together when they join the batch (default: 8)",
+    )
+    g.add_argument(
+        "--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill chunk"
+    )
+    g.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="requests that may wait for a row; beyond it: 429 with Retry-After (default: 256)",
+    )
+    g.add_argument(
+        "--kv-budget",
+        type=_parse_size,
+        default=None,
+        help="bytes of KV cache the running rows may reserve (e.g. 8GB); a row waits until its "
+        "worst case fits",
+    )
+    g.add_argument(
+        "--memory-budget",
+        type=str,
+        default=None,
+        help="total memory for weights and KV, in bytes or as a percentage of the machine's "
+        "memory (e.g. 24GB or 75%%); sets the KV budget to what the weights leave",
+    )
+    g.add_argument(
+        "--pipeline", action="store_true", help="Use pipelining instead of tensor parallelism"
+    )
+
+
+def _http_group(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server (L4)")
+    g.add_argument("--host", type=str, default="127.0.0.1", help="Host (default: 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8080, help="Port (default: 8080)")
+    g.add_argument(
+        "--allowed-origins",
+        type=lambda x: x.split(","),
+        default="*",
+        help="Allowed CORS origins, comma separated (default: *)",
+    )
+    g.add_argument(
+        "--api-key",
+        type=str,
+        default=None,
+        help="require this key on every endpoint but /health (default: $MLXD_API_KEY)",
+    )
+    g.add_argument(
+        "--data-dir",
+        type=str,
+        default=None,
+        help="where stored responses live (default: $MLXD_HOME/data)",
+    )
+    g.add_argument(
+        "--config",
+        type=str,
+        default=None,
+        help='a JSON file of options (keys are flag names, e.g. {"batch": 16}); flags given '
+        "on the command line win",
+    )
+    g.add_argument(
+        "--log-level",
+        type=str,
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="Set the logging level (default: INFO)",
+    )
+
+
+def _sampling_group(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling defaults (L3)")
+    g.add_argument("--temp", type=float, default=0.0, help="Default sampling temperature")
+    g.add_argument("--top-p", type=float, default=1.0, help="Default nucleus sampling top-p")
+    g.add_argument("--top-k", type=int, default=0, help="Default top-k sampling (0 disables)")
+    g.add_argument("--min-p", type=float, default=0.0, help="Default min-p sampling (0 disables)")
+    g.add_argument("--max-tokens", type=int, default=512, help="Default maximum tokens")
+
+
+_defaults: dict = {}
+
+
+def add_parser(subs: argparse._SubParsersAction) -> None:
+    p = subs.add_parser(
+        "serve",
+        help="an OpenAI / Anthropic compatible HTTP server (drop-in for mlx_lm.server)",
+        description="Serve a model over HTTP: mlx_lm.server's API, Anthropic Messages and "
+        "OpenAI Responses, on one continuous-batching engine.",
+    )
+    for group in (_model_group, _kv_group, _engine_group, _sampling_group, _http_group):
+        group(p)
+    _defaults.update({a.dest: a.default for a in p._actions if a.dest != "help"})
+
+
+def run(args: argparse.Namespace) -> None:
+    from ..serve.main import apply_config, serve
+
+    apply_config(args, _defaults)
+    serve(args)

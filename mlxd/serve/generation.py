@@ -1,0 +1,229 @@
+"""One request's rows on the engine: build the GenerationRequest (mlx_lm.server's sampler,
+processors and stop sequences), submit it, and turn token events into per-choice chunks of
+clean text, reasoning and tool calls. Every endpoint (OpenAI, Anthropic, Responses) uses it."""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import make_text_state_machine
+
+from ..engine import GenerationRequest, KVBudgetExceeded, Overloaded, SamplingParams
+from ..engine.handle import RequestHandle
+from .errors import APIError, bad_request
+from .offload import offload
+from .params import GenParams
+from .prompt import Prompt
+from .provider import Served
+from .textstream import ChoiceText, Delta
+
+_machines: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def text_machine(tokenizer: Any, stop: list[str]) -> Any:
+    """mlx-lm's TextStateMachine for this tokenizer and stop words (cached, as mlx_lm.server)."""
+    key = (id(tokenizer), tuple(stop))
+    if key not in _machines:
+        if len(_machines) > 100:
+            _machines.clear()
+        _machines[key] = make_text_state_machine(tokenizer, stop)
+    return _machines[key]
+
+
+@dataclass
+class TokenInfo:
+    id: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None
+
+
+@dataclass
+class Chunk:
+    """What one token (or the end) adds to choice `index`."""
+
+    index: int
+    delta: Delta
+    tokens: list[TokenInfo] = field(default_factory=list)
+    in_tool: bool = False  # mlx_lm.server sends nothing while a tool block is open
+    finish: str | None = None  # stop / length / tool_calls, on the choice's last chunk
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def build_request(served: Served, prompt: Prompt, p: GenParams, args: Any) -> GenerationRequest:
+    tok = served.tokenizer
+    n_prompt = len(prompt.tokens)
+    if n_prompt == 0:
+        raise bad_request("the prompt is empty", "prompt")
+    max_tokens = p.max_tokens
+    if (ctx := served.context_length) is not None:
+        if n_prompt >= ctx:
+            raise bad_request(
+                f"the prompt is {n_prompt} tokens but the model's context length is {ctx}",
+                "messages",
+            )
+        max_tokens = min(max_tokens, ctx - n_prompt)  # what fits; the rest could never run
+    vocab = served.model.args.vocab_size if hasattr(served.model, "args") else None
+    if vocab is not None and p.logit_bias and any(not 0 <= t < vocab for t in p.logit_bias):
+        raise bad_request(f"logit_bias token ids must be in [0, {vocab})", "logit_bias")
+    if vocab is not None and (bad := [t for t in prompt.tokens if not 0 <= t < vocab]):
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
+    eos = list(tok.eos_token_ids)
+    sampling = SamplingParams(
+        temp=p.temperature,
+        top_p=p.top_p,
+        min_p=p.min_p,
+        top_k=0 if vocab is not None and p.top_k >= vocab else p.top_k,  # keeps every token
+        xtc_probability=p.xtc_probability,
+        xtc_threshold=p.xtc_threshold,
+        xtc_special_tokens=tok.encode("\n") + eos,
+        logit_bias=p.logit_bias,
+        repetition_penalty=p.repetition_penalty,
+        repetition_context_size=p.repetition_context_size,
+        presence_penalty=p.presence_penalty,
+        presence_context_size=p.presence_context_size,
+        frequency_penalty=p.frequency_penalty,
+        frequency_context_size=p.frequency_context_size,
+    )
+    return GenerationRequest(
+        prompt=mx.array(prompt.tokens),
+        max_tokens=max_tokens,
+        prefill_step_size=args.prefill_step_size,
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        quantized_kv_start=args.quantized_kv_start,
+        stop_token_ids=frozenset(eos),
+        stop_sequences=[tok.encode(w, add_special_tokens=False) for w in p.stop],
+        sampling=sampling,
+        seed=p.seed,
+        logprob=p.logprobs,
+        top_logprobs=max(p.top_logprobs, 0),
+    )
+
+
+class Generation:
+    """The rows of one request (n of them share one prefill)."""
+
+    def __init__(
+        self,
+        served: Served,
+        prompt: Prompt,
+        params: GenParams,
+        tools: list[dict] | None,
+        observer: Any = None,
+        endpoint: str = "",
+    ) -> None:
+        self.served, self.prompt, self.params, self.tools = served, prompt, params, tools
+        self.handles: list[RequestHandle] = []
+        self.usage = Usage(prompt_tokens=len(prompt.tokens))
+        # Timings as the client sees them (for /metrics): submit -> first token, token gaps.
+        self.observer, self.endpoint = observer, endpoint
+        self.submitted_at = time.perf_counter()
+        self.ttft_s: float | None = None
+        self.gaps: list[float] = []
+        self._last_at: float | None = None
+        self.finish_reasons: list[str] = []
+
+    async def start(self, args: Any) -> None:
+        """Submit; refusals become API errors (429 queue full, 400 never fits)."""
+
+        def submit() -> list[RequestHandle]:
+            req = build_request(self.served, self.prompt, self.params, args)
+            engine = self.served.engine
+            if self.params.n == 1:
+                return [engine.submit(req)]
+            return engine.submit_n(req, self.params.n)
+
+        self.submitted_at = time.perf_counter()
+        try:
+            self.handles = await offload(submit)
+        except Overloaded as e:
+            raise APIError(429, f"server busy: {e}", headers={"Retry-After": "1"}) from e
+        except KVBudgetExceeded as e:
+            raise bad_request(str(e)) from e
+        except ValueError as e:
+            raise bad_request(str(e)) from e
+        except RuntimeError as e:  # the engine is closing
+            raise APIError(503, str(e), headers={"Retry-After": "5"}) from e
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+    def _choice(self, index: int) -> ChoiceText:
+        tok = self.served.tokenizer
+        machine = text_machine(tok, self.params.stop)
+        return ChoiceText(machine, self.prompt.initial_state, tok.tool_parser, self.tools)
+
+    async def _one(self, index: int, handle: RequestHandle) -> AsyncIterator[Chunk]:
+        text = self._choice(index)
+        last = None  # the finishing token waits for the detokenizer's final flush
+        async for ev in handle:
+            self._stamp()
+            info = TokenInfo(ev.token, ev.logprob, ev.top_logprobs)
+            if ev.finish is not None:
+                last = (ev, info)
+                continue
+            yield Chunk(index, text.feed(ev.text, None), [info], text.in_tool)
+        done = handle.done
+        self.usage.completion_tokens += done.completion_tokens
+        self.finish_reasons.append(done.reason)
+        if last is not None:
+            ev, info = last
+            delta = text.feed(ev.text + done.text, ev.finish)
+            yield Chunk(index, delta, [info], False, text.finish_reason(ev.finish))
+        elif done.reason in ("stop", "length"):
+            yield Chunk(index, text.feed(done.text, done.reason), [], False, done.reason)
+
+    def _stamp(self) -> None:
+        now = time.perf_counter()
+        if self.ttft_s is None:
+            self.ttft_s = now - self.submitted_at
+        elif self._last_at is not None:
+            self.gaps.append(now - self._last_at)
+        self._last_at = now
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        """Every choice's chunks, interleaved as they arrive; cancels the rows if abandoned."""
+        try:
+            if len(self.handles) == 1:
+                async for chunk in self._one(0, self.handles[0]):
+                    yield chunk
+                return
+            queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue()
+
+            async def pump(i: int, h: RequestHandle) -> None:
+                try:
+                    async for chunk in self._one(i, h):
+                        queue.put_nowait(chunk)
+                    queue.put_nowait(None)
+                except BaseException as e:  # noqa: BLE001 - re-raised by the reader
+                    queue.put_nowait(e)
+
+            tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(self.handles)]
+            try:
+                remaining = len(tasks)
+                while remaining:
+                    item = await queue.get()
+                    if item is None:
+                        remaining -= 1
+                    elif isinstance(item, BaseException):
+                        raise item
+                    else:
+                        yield item
+            finally:
+                for t in tasks:
+                    t.cancel()
+        finally:
+            if any(h.done is None for h in self.handles):
+                self.cancel()  # a client that went away frees its rows
+            if self.observer is not None:
+                self.observer.finished(self)

@@ -1,0 +1,71 @@
+"""`mlxd serve`: load the model, build the app, run uvicorn until interrupted."""
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+
+from ..model import ModelLoadError
+from ..model.home import mlxd_home
+from .state import ServerState
+
+log = logging.getLogger("mlxd.serve")
+
+
+def apply_config(args: argparse.Namespace, defaults: dict) -> None:
+    """Options from `--config FILE` (JSON, keys as flag names); flags that differ from their
+    defaults on the command line win."""
+    if not args.config:
+        return
+    try:
+        options = json.loads(Path(args.config).read_text())
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{args.config}: cannot read the config file ({e})") from e
+    if not isinstance(options, dict):
+        raise ModelLoadError(f"{args.config}: the config file must hold a JSON object")
+    for key, value in options.items():
+        dest = key.replace("-", "_")
+        if dest == "decode_concurrency":
+            dest = "batch"
+        if dest not in defaults:
+            raise ModelLoadError(f"{args.config}: unknown option '{key}'")
+        if getattr(args, dest) == defaults[dest]:
+            setattr(args, dest, value)
+
+
+def make_state(args: argparse.Namespace) -> ServerState:
+    from .metrics import make_metrics
+    from .provider import ModelProvider
+
+    if args.draft_model is not None:
+        raise ModelLoadError("--draft-model: speculative decoding is not supported by mlxd yet")
+    if args.api_key is None:
+        args.api_key = os.environ.get("MLXD_API_KEY") or None
+    try:
+        template_args = json.loads(args.chat_template_args)
+    except ValueError as e:
+        raise ModelLoadError(f"--chat-template-args is not JSON: {e}") from e
+    data_dir = Path(args.data_dir) if args.data_dir else mlxd_home() / "data"
+    args.data_dir = str(data_dir)
+    state = ServerState(args, ModelProvider(args), template_args=template_args)
+    state.metrics = make_metrics(state)
+    return state
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from .app import build_app
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        format="%(asctime)s - %(levelname)s - %(message)s",
+    )
+    state = make_state(args)
+    app = build_app(state)
+    log.info("serving %s on http://%s:%d", state.provider.default.name, args.host, args.port)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    finally:
+        state.provider.close()

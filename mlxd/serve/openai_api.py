@@ -1,0 +1,260 @@
+"""`/v1/chat/completions`, `/chat/completions` and `/v1/completions`: mlx_lm.server's request
+fields and response shapes, with `reasoning_content` beside `reasoning`, `n` as rows, and
+`tool_choice` / `response_format` honoured or refused (never silently ignored)."""
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ..model import ModelLoadError
+from . import sse
+from .body import read_json
+from .errors import APIError, bad_request
+from .generation import Chunk, Generation, TokenInfo
+from .offload import offload
+from .params import GenParams, read_params
+from .prompt import Prompt, chat_prompt, normalize_messages, text_prompt
+from .provider import Served
+from .state import ServerState
+from .textstream import Delta, ToolCall
+from .waiting import until_done_or_disconnect
+
+
+def tool_choice_tools(body: dict[str, Any]) -> list[dict] | None:
+    """The tools the template sees. `none` hides them; `required` and a named function need
+    constrained decoding, which is refused until structured outputs land."""
+    tools = body.get("tools") or None
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request("tools must be a list", "tools")
+    choice = body.get("tool_choice")
+    if choice is None or choice == "auto":
+        return tools
+    if choice == "none":
+        return None
+    if choice == "required" or isinstance(choice, dict):
+        raise bad_request(
+            "tool_choice 'required' and named functions need constrained decoding, which this "
+            "server does not support yet; use 'auto' or 'none'",
+            "tool_choice",
+        )
+    raise bad_request("tool_choice must be 'none', 'auto', 'required' or an object", "tool_choice")
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise bad_request(
+            "response_format other than {'type': 'text'} needs constrained decoding, which this "
+            "server does not support yet",
+            "response_format",
+        )
+    draft = body.get("draft_model")
+    if draft not in (None, "default_model"):
+        raise bad_request("draft_model: speculative decoding is not supported", "draft_model")
+    for name in ("echo", "best_of", "suffix"):
+        if body.get(name) not in (None, False, 1, ""):
+            raise bad_request(f"{name} is not supported", name)
+
+
+async def load_model(state: ServerState, body: dict[str, Any], fallback: bool = False) -> Served:
+    name = body.get("model", "default_model")
+    adapter = body.get("adapters")
+    if not isinstance(name, str):
+        raise bad_request("model must be of type str", "model")
+    if adapter is not None and not isinstance(adapter, str):
+        raise bad_request("adapters must be of type str", "adapters")
+    try:
+        return await offload(lambda: state.provider.get(name, adapter, fallback))
+    except ModelLoadError as e:
+        raise APIError(404, str(e), param="model", code="model_not_found") from e
+
+
+def tool_call_json(call: ToolCall, index: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "function": {"name": call.name, "arguments": call.arguments},
+        "type": "function",
+        "id": call.id,
+    }
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+def logprobs_json(tokens: list[TokenInfo], tokenizer: Any, params: GenParams) -> dict | None:
+    """mlx_lm.server's shape ({id, logprob}, top entries {id, token, logprob}), with the OpenAI
+    fields `token` and `top_logprobs` on every entry so OpenAI clients parse it too."""
+    if not params.logprobs and params.top_logprobs <= 0:
+        return None
+    content = []
+    for t in tokens:
+        entry: dict[str, Any] = {"id": t.id, "token": tokenizer.convert_ids_to_tokens(t.id)}
+        entry["logprob"] = t.logprob if t.logprob is not None else _logprob_from_top(t)
+        tops = t.top or []
+        names = tokenizer.convert_ids_to_tokens([i for i, _ in tops]) if tops else []
+        entry["top_logprobs"] = [
+            {"id": i, "token": s, "logprob": lp} for (i, lp), s in zip(tops, names, strict=True)
+        ]
+        content.append(entry)
+    return {"content": content}
+
+
+def _logprob_from_top(t: TokenInfo) -> float | None:
+    return next((lp for i, lp in t.top or [] if i == t.id), None)
+
+
+class Completion:
+    """One chat or text completion request, from body to response."""
+
+    def __init__(self, state: ServerState, body: dict[str, Any], chat: bool) -> None:
+        self.state, self.body, self.chat = state, body, chat
+        self.stream = body.get("stream", False)
+        if not isinstance(self.stream, bool):
+            raise bad_request("stream must be of type bool", "stream")
+        self.model_name = body.get("model", "default_model")
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}"
+        self.created = int(time.time())
+        self.object = ("chat.completion" if chat else "text_completion") + (
+            ".chunk" if self.stream and chat else ""
+        )
+        self.params = read_params(body, state.args)
+        refuse_unsupported(body)
+        self.tools = tool_choice_tools(body) if chat else None
+        opts = body.get("stream_options")
+        self.include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+    async def prompt(self, served: Served) -> Prompt:
+        tok = self.state.args, served.tokenizer
+        if not self.chat:
+            if "prompt" not in self.body:
+                raise bad_request("Request did not contain a prompt", "prompt")
+            return await offload(lambda: text_prompt(tok[1], self.body["prompt"]))
+        if "messages" not in self.body:
+            raise bad_request("Request did not contain messages", "messages")
+        messages = normalize_messages(self.body["messages"])
+        kwargs = self.body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")
+        template_args = {**self.state.template_args, **kwargs}
+        mapping = self.body.get("role_mapping")
+        return await offload(
+            lambda: chat_prompt(tok[1], messages, self.tools, template_args, mapping)
+        )
+
+    def _head(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "system_fingerprint": self.state.fingerprint,
+            "object": self.object,
+            "model": self.model_name,
+            "created": self.created,
+        }
+
+    def _choice(self, index: int, delta: Delta, finish: str | None, calls_from: int) -> dict:
+        choice: dict[str, Any] = {"index": index, "finish_reason": finish}
+        if not self.chat:
+            choice["text"] = delta.content
+            return choice
+        msg: dict[str, Any] = {"role": "assistant"}
+        if not self.stream:
+            msg["content"] = delta.content or None
+        elif delta.content:
+            msg["content"] = delta.content
+        if delta.reasoning:
+            msg["reasoning"] = msg["reasoning_content"] = delta.reasoning
+        if delta.tool_calls:
+            first = calls_from if self.stream else None
+            msg["tool_calls"] = [
+                tool_call_json(c, None if first is None else first + i)
+                for i, c in enumerate(delta.tool_calls)
+            ]
+        choice["delta" if self.stream else "message"] = msg
+        return choice
+
+    def usage_json(self, gen: Generation) -> dict[str, Any]:
+        u = gen.usage
+        return {
+            "prompt_tokens": u.prompt_tokens,
+            "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        }
+
+    async def respond(self, request: Request) -> Response:
+        served = await load_model(self.state, self.body)
+        prompt = await self.prompt(served)
+        endpoint = "chat" if self.chat else "completions"
+        gen = Generation(served, prompt, self.params, self.tools, self.state.metrics, endpoint)
+        await gen.start(self.state.args)
+        if self.stream:
+            return sse.stream(self._frames(gen, served))
+        return await until_done_or_disconnect(request, self._whole(gen, served), gen)
+
+    async def _whole(self, gen: Generation, served: Served) -> Response:
+        n = max(self.params.n, 1)
+        deltas = [Delta() for _ in range(n)]
+        tokens: list[list[TokenInfo]] = [[] for _ in range(n)]
+        finish = ["stop"] * n
+        async for chunk in gen.chunks():
+            d = deltas[chunk.index]
+            d.content += chunk.delta.content
+            d.reasoning += chunk.delta.reasoning
+            d.tool_calls += chunk.delta.tool_calls
+            tokens[chunk.index] += chunk.tokens
+            if chunk.finish is not None:
+                finish[chunk.index] = chunk.finish
+        choices = []
+        for i in range(n):
+            choice = self._choice(i, deltas[i], finish[i], 0)
+            if (lp := logprobs_json(tokens[i], served.tokenizer, self.params)) is not None:
+                choice["logprobs"] = lp
+            choices.append(choice)
+        body = {**self._head(), "choices": choices, "usage": self.usage_json(gen)}
+        return JSONResponse(body)
+
+    async def _frames(self, gen: Generation, served: Served) -> AsyncIterator[str]:
+        n = max(self.params.n, 1)
+        pending = [Delta() for _ in range(n)]
+        held: list[list[TokenInfo]] = [[] for _ in range(n)]
+        calls_sent = [0] * n
+        async for chunk in gen.chunks():
+            i = chunk.index
+            self._merge(pending[i], chunk)
+            held[i] += chunk.tokens
+            if chunk.finish is None and (chunk.in_tool or not pending[i]):
+                continue  # mlx_lm.server sends only text, and nothing inside a tool block
+            yield sse.data(self._frame(i, pending[i], chunk.finish, calls_sent, held, served))
+            calls_sent[i] += len(pending[i].tool_calls)
+            pending[i], held[i] = Delta(), []
+        if self.include_usage:
+            usage = {**self._head(), "choices": [], "usage": self.usage_json(gen)}
+            usage["object"] = "chat.completion"  # mlx_lm.server's, for both endpoints
+            yield sse.data(usage)
+        yield "data: [DONE]\n\n"
+
+    @staticmethod
+    def _merge(into: Delta, chunk: Chunk) -> None:
+        into.content += chunk.delta.content
+        into.reasoning += chunk.delta.reasoning
+        into.tool_calls += chunk.delta.tool_calls
+
+    def _frame(self, i, delta, finish, calls_sent, held, served) -> dict[str, Any]:
+        choice = self._choice(i, delta, finish, calls_sent[i])
+        if held[i] and (lp := logprobs_json(held[i], served.tokenizer, self.params)):
+            choice["logprobs"] = lp
+        return {**self._head(), "choices": [choice]}
+
+
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxd
+    body = await read_json(request)
+    return await Completion(state, body, chat=True).respond(request)
+
+
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxd
+    body = await read_json(request)
+    return await Completion(state, body, chat=False).respond(request)

@@ -1,0 +1,95 @@
+"""Chat messages to prompt tokens, as mlx_lm.server builds them: text parts joined, assistant
+tool-call arguments parsed to dicts, the tokenizer's chat template with the server's and the
+request's template arguments (or mlx-lm's legacy role mapping when there is no template)."""
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.server import convert_chat
+
+from .errors import bad_request
+
+
+@dataclass
+class Prompt:
+    tokens: list[int]
+    initial_state: str  # where the text state machine starts: "normal" or "reasoning"
+
+
+def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+    """A deep copy with string contents (mlx-lm's process_message_content, text only)."""
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad_request(f"messages[{i}] must be an object with a string role", "messages")
+        m = copy.deepcopy(m)
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise bad_request(
+                        f"messages[{i}]: only 'text' content parts are supported", "messages"
+                    )
+                if not isinstance(part.get("text"), str):
+                    raise bad_request(f"messages[{i}]: a text part needs a string 'text'")
+                texts.append(part["text"])
+            m["content"] = "".join(texts)
+        elif content is None:
+            m["content"] = ""
+        elif not isinstance(content, str):
+            raise bad_request(f"messages[{i}].content must be a string or a list of parts")
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str) and fn["arguments"]:
+                try:
+                    fn["arguments"] = json.loads(fn["arguments"])
+                except json.JSONDecodeError as e:
+                    raise bad_request(f"messages[{i}]: tool call arguments are not JSON") from e
+        out.append(m)
+    return out
+
+
+def initial_state(tokenizer: Any, tokens: list[int]) -> str:
+    """Reasoning when the prompt leaves a think block open (a template that starts it)."""
+    state = "normal"
+    if tokenizer.has_thinking:
+        if tokenizer.rfind_think_start(tokens) > tokenizer.rfind_think_end(tokens):
+            state = "reasoning"
+    return tokenizer.response_initial_state or state
+
+
+def chat_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict] | None,
+    template_args: dict[str, Any],
+    role_mapping: dict | None = None,
+) -> Prompt:
+    if not tokenizer.has_chat_template:
+        tokens = tokenizer.encode(convert_chat(messages, role_mapping))
+        return Prompt(tokens, "normal")
+    try:
+        tokens = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tools=tools, tokenize=True, **template_args
+        )
+    except Exception as e:  # noqa: BLE001 - a template rejecting the conversation is the caller's
+        raise bad_request(f"the chat template rejected the messages: {e}", "messages") from e
+    if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
+        tokens = tokens["input_ids"]
+    return Prompt(list(tokens), initial_state(tokenizer, list(tokens)))
+
+
+def text_prompt(tokenizer: Any, prompt: Any) -> Prompt:
+    """`/v1/completions`: a string, encoded with special tokens (mlx_lm.server), or token ids."""
+    if isinstance(prompt, str):
+        return Prompt(tokenizer.encode(prompt), "normal")
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return Prompt(list(prompt), "normal")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return Prompt(tokenizer.encode(prompt[0]), "normal")
+    raise bad_request("prompt must be a string or a list of token ids", "prompt")

@@ -1,0 +1,129 @@
+"""The served model and its engine; other models named by requests, loaded on demand.
+
+mlx_lm.server swaps its one model for whatever a request names. Agents sharing a server must
+not evict each other, so the served model stays and a requested other model is loaded beside
+it (at most `max_others`, least recently used evicted); a name that cannot load is a 404.
+"""
+
+import collections
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlx.utils import tree_flatten
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from ..engine import Engine
+from ..engine.batch import BatchConfig
+from ..model import ModelLoadError, load
+from ..model.default import DEFAULT_MODEL_NAME
+from ..model.resolve import resolve_model
+from .budget import kv_budget_from
+
+log = logging.getLogger("mlxd.serve")
+
+# Names that always mean the served model: mlx-lm's default and Anthropic-shaped ids.
+SERVED_ALIASES = ("default_model", "")
+
+
+@dataclass
+class Served:
+    """A loaded model as the server uses it."""
+
+    name: str  # the id /v1/models lists
+    model: Any
+    tokenizer: TokenizerWrapper
+    engine: Engine
+    context_length: int | None  # max_position_embeddings, when the config says
+    weight_bytes: int
+
+
+def _context_length(folder: Path) -> int | None:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config", config)
+    value = text.get("max_position_embeddings") or config.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
+
+
+class ModelProvider:
+    def __init__(self, args: Any, max_others: int = 1) -> None:
+        self.args = args
+        self.max_others = max_others
+        self._lock = threading.Lock()
+        self.default = self._load(args.model, args.adapter_path)
+        self._others: collections.OrderedDict[tuple, Served] = collections.OrderedDict()
+
+    def _tokenizer_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = {"trust_remote_code": True} if self.args.trust_remote_code else {}
+        if self.args.chat_template:
+            config["chat_template"] = self.args.chat_template
+        return config
+
+    def _load(self, ref: str | None, adapter: str | None) -> Served:
+        folder = resolve_model(ref)
+        model, tokenizer = load(
+            str(folder),
+            tokenizer_config=self._tokenizer_config(),
+            adapter_path=adapter,
+            trust_remote_code=self.args.trust_remote_code,
+        )[:2]
+        if self.args.use_default_chat_template and tokenizer.chat_template is None:
+            tokenizer.chat_template = tokenizer.default_chat_template
+        a = self.args
+        weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+        engine = Engine(
+            model,
+            batch=a.batch,
+            max_queue=a.max_queue,
+            prefill_step_size=a.prefill_step_size,
+            tokenizer=tokenizer,
+            kv_budget=kv_budget_from(a, weights),
+            batch_config=BatchConfig(
+                a.batch, min(a.batch, a.prompt_concurrency), a.prefill_step_size
+            ),
+        )
+        name = ref if ref is not None else DEFAULT_MODEL_NAME
+        return Served(name, model, tokenizer, engine, _context_length(folder), weights)
+
+    def get(self, name: str | None, adapter: str | None = None, fallback: bool = False) -> Served:
+        """The model a request names; raises ModelLoadError when it cannot be loaded, unless
+        `fallback` (Anthropic clients send their own model ids): then the served model."""
+        d = self.default
+        adapter = None if adapter == self.args.adapter_path else adapter
+        if adapter is None and (name is None or name in SERVED_ALIASES or name == d.name):
+            return d
+        try:
+            return self._other(name, adapter)
+        except ModelLoadError:
+            if fallback and adapter is None:
+                return d
+            raise
+
+    def _other(self, name: str | None, adapter: str | None) -> Served:
+        key = (name, adapter)
+        with self._lock:
+            if key in self._others:
+                self._others.move_to_end(key)
+                return self._others[key]
+            served = self._load(None if name in SERVED_ALIASES else name, adapter)
+            self._others[key] = served
+            while len(self._others) > self.max_others:
+                _, old = self._others.popitem(last=False)
+                old.engine.close()
+            return served
+
+    def loaded(self) -> list[Served]:
+        return [self.default, *self._others.values()]
+
+    def close(self) -> None:
+        for served in self.loaded():
+            served.engine.close()
+
+
+__all__ = ["ModelLoadError", "ModelProvider", "Served"]

@@ -1,0 +1,103 @@
+"""One choice's output text, split the way mlx_lm.server splits it: mlx-lm's TextStateMachine
+routes each token's text to content, reasoning or a tool block (stop words stripped anywhere),
+and closed tool blocks go through the tokenizer's tool parser."""
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlx_lm.generate import TextStateMachine
+
+log = logging.getLogger("mlxd.serve")
+
+
+@dataclass
+class ToolCall:
+    """A parsed tool call: `arguments` is a JSON string (ensure_ascii=False), as mlx_lm.server."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class Delta:
+    """New output since the previous delta of the same choice."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.reasoning or self.tool_calls)
+
+
+def parse_tool_calls(
+    tool_parser: Any, texts: list[str], tools: list[dict] | None
+) -> list[ToolCall]:
+    """mlx_lm.server's ToolCallFormatter: a block the parser rejects is logged and dropped."""
+    calls: list[ToolCall] = []
+    for text in texts:
+        try:
+            parsed = tool_parser(text, tools)
+        except (ValueError, json.JSONDecodeError) as e:
+            log.warning("could not parse a tool call (%s: %s); dropped", type(e).__name__, e)
+            continue
+        for tc in parsed if isinstance(parsed, list) else [parsed]:
+            args = tc.get("arguments", {})
+            args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            calls.append(ToolCall(tc.get("id") or str(uuid.uuid4()), tc["name"], args))
+    return calls
+
+
+class ChoiceText:
+    """Feed each token's text (and its finish reason); get the clean delta to send."""
+
+    def __init__(
+        self, machine: TextStateMachine, initial: str, tool_parser: Any, tools: list[dict] | None
+    ) -> None:
+        self.state = machine.make_state(initial)
+        self.current = self.prev = initial
+        self.tool_parser, self.tools = tool_parser, tools
+        self.tool_text = ""
+        self.made_tool_call = False
+
+    @property
+    def in_tool(self) -> bool:
+        return self.current == "tool"
+
+    def feed(self, text: str, finish: str | None) -> Delta:
+        """On "stop" the held-back text is dropped (mlx-lm's discard); on "length" flushed."""
+        if finish == "stop":
+            self.state, self.current = TextStateMachine.discard(self.state)
+            segments = [(self.current, "")]
+        else:
+            self.state, segments = TextStateMachine.split(self.state, text)
+            if finish is not None:
+                self.state, flushed, self.current = TextStateMachine.flush(self.state)
+                segments.append((self.current, flushed))
+        delta, closed = Delta(), []
+        for state, clean in segments:
+            if state == "reasoning":
+                delta.reasoning += clean
+            elif state == "tool":
+                self.tool_text += clean
+            elif state == "normal":
+                if self.prev == "tool":
+                    closed.append(self.tool_text)
+                    self.tool_text = ""
+                delta.content += clean
+            self.prev = self.current = state
+        if finish is not None and self.prev == "tool" and self.tool_text:
+            closed.append(self.tool_text)  # a tool block cut off by the end
+            self.tool_text = ""
+        if closed:
+            self.made_tool_call = True
+            delta.tool_calls = parse_tool_calls(self.tool_parser, closed, self.tools)
+        return delta
+
+    def finish_reason(self, reason: str) -> str:
+        """`stop` becomes `tool_calls` when a tool block was seen (mlx_lm.server)."""
+        return "tool_calls" if reason == "stop" and self.made_tool_call else reason

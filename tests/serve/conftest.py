@@ -1,0 +1,101 @@
+"""A live mlxd server on loopback for the HTTP tests: uvicorn in a thread of the test process,
+on a tiny random qwen3 model with the real Qwen3 tokenizer (chat template, think and tool
+markers), or on the embedded default model (SmolLM2) for real text."""
+
+import argparse
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def server_args(**overrides: Any) -> argparse.Namespace:
+    """`mlxd serve`'s parsed defaults with `overrides` (flag dests)."""
+    from mlxd.cli import build_parser
+
+    args = build_parser().parse_args(["serve"])
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    url: str  # http://127.0.0.1:PORT
+    state: Any  # mlxd.serve.state.ServerState
+    server: Any
+    thread: threading.Thread
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.state.provider.close()
+
+
+def start_server(**overrides: Any) -> LiveServer:
+    import uvicorn
+
+    from mlxd.serve.app import build_app
+    from mlxd.serve.main import make_state
+
+    port = free_port()
+    args = server_args(port=port, **overrides)
+    state = make_state(args)
+    app = build_app(state)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.05)
+    return LiveServer(f"http://127.0.0.1:{port}", state, server, thread)
+
+
+@pytest.fixture(scope="session")
+def qwen3_model_dir(tiny_model: Callable[..., Path]) -> Path:
+    return tiny_model("qwen3")
+
+
+@pytest.fixture(scope="module")
+def qwen3_server(
+    qwen3_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """A server on the tiny random qwen3 model (text is random; shapes are what is tested)."""
+    live = start_server(model=str(qwen3_model_dir), data_dir=str(tmp_path_factory.mktemp("data")))
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def make_server(qwen3_model_dir: Path, tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
+    """`make_server(**flags)`: a fresh server with options (stopped after the test)."""
+    started: list[LiveServer] = []
+
+    def make(**overrides: Any) -> LiveServer:
+        overrides.setdefault("model", str(qwen3_model_dir))
+        overrides.setdefault("data_dir", str(tmp_path / "data"))
+        live = start_server(**overrides)
+        started.append(live)
+        return live
+
+    yield make
+    for live in started:
+        live.stop()
