@@ -161,18 +161,28 @@ class Generation:
     def _choice(self, index: int) -> ChoiceText:
         tok = self.served.tokenizer
         machine = text_machine(tok, self.params.stop)
-        return ChoiceText(machine, self.prompt.initial_state, tok.tool_parser, self.tools)
+        stop = self.params.stop
+        return ChoiceText(machine, self.prompt.initial_state, tok.tool_parser, self.tools, stop)
 
     async def _one(self, index: int, handle: RequestHandle) -> AsyncIterator[Chunk]:
         text = self._choice(index)
         last = None  # the finishing token waits for the detokenizer's final flush
+        count = 0
         async for ev in handle:
             self._stamp()
+            count += 1
             info = TokenInfo(ev.token, ev.logprob, ev.top_logprobs)
             if ev.finish is not None:
                 last = (ev, info)
                 continue
-            yield Chunk(index, text.feed(ev.text, None), [info], text.in_tool)
+            delta = text.feed(ev.text, None)
+            if text.stopped:  # a stop word appeared in the text: the row ends here
+                handle.cancel()
+                self.usage.completion_tokens += count
+                self.finish_reasons.append("stop")
+                yield Chunk(index, delta, [info], False, text.finish_reason("stop"))
+                return
+            yield Chunk(index, delta, [info], text.in_tool)
         done = handle.done
         self.usage.completion_tokens += done.completion_tokens
         self.finish_reasons.append(done.reason)

@@ -224,11 +224,16 @@ class Completion:
             i = chunk.index
             self._merge(pending[i], chunk)
             held[i] += chunk.tokens
-            if chunk.finish is None and (chunk.in_tool or not pending[i]):
-                continue  # mlx_lm.server sends only text, and nothing inside a tool block
-            yield sse.data(self._frame(i, pending[i], chunk.finish, calls_sent, held, served))
-            calls_sent[i] += len(pending[i].tool_calls)
-            pending[i], held[i] = Delta(), []
+            if chunk.in_tool or not pending[i]:
+                if chunk.finish is None:
+                    continue  # mlx_lm.server sends only text, and nothing inside a tool block
+            else:
+                yield sse.data(self._frame(i, pending[i], None, calls_sent, held, served))
+                calls_sent[i] += len(pending[i].tool_calls)
+                pending[i], held[i] = Delta(), []
+            if chunk.finish is not None:  # its own last frame, as mlx_lm.server sends it
+                yield sse.data(self._frame(i, pending[i], chunk.finish, calls_sent, held, served))
+                pending[i], held[i] = Delta(), []
         if self.include_usage:
             usage = {**self._head(), "choices": [], "usage": self.usage_json(gen)}
             usage["object"] = "chat.completion"  # mlx_lm.server's, for both endpoints

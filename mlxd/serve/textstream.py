@@ -56,9 +56,17 @@ class ChoiceText:
     """Feed each token's text (and its finish reason); get the clean delta to send."""
 
     def __init__(
-        self, machine: TextStateMachine, initial: str, tool_parser: Any, tools: list[dict] | None
+        self,
+        machine: TextStateMachine,
+        initial: str,
+        tool_parser: Any,
+        tools: list[dict] | None,
+        stop: list[str] | None = None,
     ) -> None:
         self.state = machine.make_state(initial)
+        # Stop words also end the row when they appear in the text (mlx-lm stops only when the
+        # words' standalone token ids appear, and otherwise strips them and goes on).
+        self.stop, self.raw, self.stopped = stop or [], "", False
         self.current = self.prev = initial
         self.tool_parser, self.tools = tool_parser, tools
         self.tool_text = ""
@@ -68,8 +76,37 @@ class ChoiceText:
     def in_tool(self) -> bool:
         return self.current == "tool"
 
+    def _cut_at_stop(self, text: str) -> str:
+        """`text` up to the end of the first stop word it completes (sets `stopped`)."""
+        if not self.stop:
+            return text
+        start = len(self.raw)
+        self.raw += text
+        window = max(map(len, self.stop))
+        ends = []
+        for word in self.stop:
+            at = self.raw.find(word, max(0, start - window))
+            if at != -1 and at + len(word) > start:
+                ends.append(at + len(word))
+        if not ends:
+            return text
+        self.stopped = True
+        return text[: min(ends) - start]
+
     def feed(self, text: str, finish: str | None) -> Delta:
         """On "stop" the held-back text is dropped (mlx-lm's discard); on "length" flushed."""
+        if finish != "stop":
+            text = self._cut_at_stop(text)
+            if self.stopped:
+                delta = self._feed(text, None)
+                more = self._feed("", "stop")
+                delta.content += more.content
+                delta.reasoning += more.reasoning
+                delta.tool_calls += more.tool_calls
+                return delta
+        return self._feed(text, finish)
+
+    def _feed(self, text: str, finish: str | None) -> Delta:
         if finish == "stop":
             self.state, self.current = TextStateMachine.discard(self.state)
             segments = [(self.current, "")]

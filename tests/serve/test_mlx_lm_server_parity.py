@@ -1,0 +1,121 @@
+"""Drop-in check: mlx_lm.server (a subprocess) and mlxd serve on the same tiny model answer the
+same requests with the same tokens, logprobs, text, finish reasons and usage."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import free_port
+
+# Fields that legitimately differ: ids, timestamps, the fingerprint, mlxd's additions.
+VOLATILE = {"id", "created", "system_fingerprint"}
+
+
+@pytest.fixture(scope="module")
+def mlx_lm_server(qwen3_model_dir: Path) -> Iterator[str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(qwen3_model_dir)]
+    cmd += ["--port", str(port), "--prompt-cache-size", "0"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"mlx_lm.server did not start: {proc.stderr.read().decode()}")
+        time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _post(url: str, path: str, body: dict) -> dict:
+    r = httpx.post(url + path, json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _stream(url: str, path: str, body: dict) -> list[dict]:
+    frames = []
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                frames.append(json.loads(line[6:]))
+    return frames
+
+
+def _comparable(resp: dict) -> dict:
+    out = {k: v for k, v in resp.items() if k not in VOLATILE}
+    for choice in out.get("choices", []):
+        for key in ("message", "delta"):
+            choice.get(key, {}).pop("reasoning_content", None)  # mlxd adds it beside reasoning
+        for entry in (choice.get("logprobs") or {}).get("content", []):
+            entry.pop("token", None)  # mlxd adds the OpenAI fields to mlx-lm's entries
+            entry.pop("top_logprobs", None)
+    return out
+
+
+CHAT = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 24}
+CASES = {
+    "greedy": {**CHAT, "logprobs": True},
+    "seeded": {**CHAT, "temperature": 1.0, "top_k": 40, "seed": 5, "logprobs": True},
+    "penalties": {**CHAT, "repetition_penalty": 1.3, "presence_penalty": 0.5, "logprobs": True},
+    "logit_bias": {**CHAT, "logit_bias": {"9707": 5.0, "151645": -100}, "logprobs": True},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_chat_equals_mlx_lm_server(qwen3_server, mlx_lm_server: str, case: str) -> None:
+    body = CASES[case]
+    theirs = _post(mlx_lm_server, "/v1/chat/completions", body)
+    ours = _post(qwen3_server.url, "/v1/chat/completions", body)
+    assert _comparable(ours) == _comparable(theirs)
+
+
+def test_text_completion_equals_mlx_lm_server(qwen3_server, mlx_lm_server: str) -> None:
+    body = {"prompt": "The weather today", "max_tokens": 16, "logprobs": True}
+    theirs = _post(mlx_lm_server, "/v1/completions", body)
+    ours = _post(qwen3_server.url, "/v1/completions", body)
+    assert _comparable(ours) == _comparable(theirs)
+
+
+def test_stream_equals_mlx_lm_server(qwen3_server, mlx_lm_server: str) -> None:
+    body = {**CHAT, "stream_options": {"include_usage": True}}
+    theirs = [_comparable(f) for f in _stream(mlx_lm_server, "/v1/chat/completions", body)]
+    ours = [_comparable(f) for f in _stream(qwen3_server.url, "/v1/chat/completions", body)]
+    assert ours == theirs
+
+
+def test_stop_word_at_token_level_equals_mlx_lm_server(
+    qwen3_server, mlx_lm_server: str, qwen3_model_dir: Path
+) -> None:
+    """A stop word taken from the greedy output itself, one whose standalone encoding is the
+    token it came from, so both servers stop on it at token level and discard held text."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(qwen3_model_dir))
+    body = {"prompt": "Hello", "max_tokens": 16, "logprobs": True}
+    first = _post(mlx_lm_server, "/v1/completions", body)
+    ids = [e["id"] for e in first["choices"][0]["logprobs"]["content"]]
+    word = next(
+        w
+        for t in ids[3:]
+        if (w := tok.decode([t])).strip() and tok.encode(w, add_special_tokens=False) == [t]
+    )
+    body = {"prompt": "Hello", "max_tokens": 16, "stop": [word]}
+    theirs = _post(mlx_lm_server, "/v1/completions", body)
+    ours = _post(qwen3_server.url, "/v1/completions", body)
+    assert theirs["choices"][0]["finish_reason"] == "stop"
+    assert _comparable(ours) == _comparable(theirs)
