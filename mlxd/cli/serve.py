@@ -1,6 +1,7 @@
 """`mlxd serve`: every `mlx_lm.server` flag with its default, plus mlxd's, grouped by layer."""
 
 import argparse
+import json
 
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.utils import _parse_size
@@ -37,7 +38,7 @@ def _model_group(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--chat-template-args",
-        type=str,
+        type=json.loads,
         default="{}",
         help="JSON arguments for the tokenizer's apply_chat_template, e.g. "
         "'{\"enable_thinking\":false}'",
@@ -45,7 +46,7 @@ def _model_group(p: argparse.ArgumentParser) -> None:
 
 
 def _kv_group(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("KV cache and prompt store (L0, L2)")
+    g = p.add_argument_group("KV cache (L2) and prompt store (L0)")
     g.add_argument("--kv-bits", type=int, default=None, help="KV cache quantization bits (4 or 8)")
     g.add_argument("--kv-group-size", type=int, default=64, help="KV quantization group size")
     g.add_argument(

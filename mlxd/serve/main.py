@@ -42,10 +42,12 @@ def make_state(args: argparse.Namespace) -> ServerState:
         raise ModelLoadError("--draft-model: speculative decoding is not supported by mlxd yet")
     if args.api_key is None:
         args.api_key = os.environ.get("MLXD_API_KEY") or None
-    try:
-        template_args = json.loads(args.chat_template_args)
-    except ValueError as e:
-        raise ModelLoadError(f"--chat-template-args is not JSON: {e}") from e
+    template_args = args.chat_template_args
+    if isinstance(template_args, str):  # from a config file
+        try:
+            template_args = json.loads(template_args)
+        except ValueError as e:
+            raise ModelLoadError(f"--chat-template-args is not JSON: {e}") from e
     data_dir = Path(args.data_dir) if args.data_dir else mlxd_home() / "data"
     args.data_dir = str(data_dir)
     state = ServerState(args, ModelProvider(args), template_args=template_args)

@@ -1,0 +1,90 @@
+"""`mlxd serve` takes every mlx_lm.server flag with its default (the row cap excepted: mlxd's
+`--batch` default is 8 and `--decode-concurrency` is its alias); help groups by layer; a
+config file sets options; bad start-up options are one-line errors."""
+
+import argparse
+import json
+from pathlib import Path
+
+import mlx_lm.server
+import pytest
+
+from mlxd.cli import build_parser
+from tests_helpers_serve import serve_parser
+
+
+class _Captured(Exception):
+    pass
+
+
+def mlx_lm_server_parser() -> argparse.ArgumentParser:
+    """mlx_lm.server builds its parser inside main(): stop it at parse_args and keep it."""
+    captured: list[argparse.ArgumentParser] = []
+    original = argparse.ArgumentParser.parse_args
+
+    def grab(self, *args, **kwargs):
+        captured.append(self)
+        raise _Captured
+
+    argparse.ArgumentParser.parse_args = grab  # test-only; restored below
+    try:
+        with pytest.raises(_Captured):
+            mlx_lm.server.main()
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    return captured[0]
+
+
+def _actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions if a.dest != "help"}
+
+
+def test_every_mlx_lm_server_flag_with_its_default() -> None:
+    theirs = _actions(mlx_lm_server_parser())
+    ours = _actions(serve_parser())
+    renamed = {"decode_concurrency": "batch"}
+    missing = {renamed.get(d, d) for d in theirs} - set(ours)
+    assert not missing, f"missing: {sorted(missing)}"
+    for dest, a in theirs.items():
+        b = ours[renamed.get(dest, dest)]
+        assert set(a.option_strings) <= set(b.option_strings), dest
+        if dest == "decode_concurrency":
+            assert (a.default, b.default) == (32, 8)  # the one deliberate difference
+            continue
+        # allowed-origins: mlx-lm's type is a lambda; compare what it makes of a value.
+        if dest == "allowed_origins":
+            assert a.type("a,b") == b.type("a,b") and a.default == b.default
+            continue
+        assert (a.default, a.type, a.nargs, type(a)) == (b.default, b.type, b.nargs, type(b)), dest
+
+
+def test_help_groups_flags_by_layer() -> None:
+    text = serve_parser().format_help()
+    for title in ("model (L1)", "(L2)", "engine (L3)", "server (L4)"):
+        assert title in text
+
+
+def test_config_file_sets_options_and_flags_win(tmp_path: Path) -> None:
+    from mlxd.cli.serve import _defaults
+    from mlxd.serve.main import apply_config
+
+    cfg = tmp_path / "serve.json"
+    cfg.write_text(json.dumps({"decode-concurrency": 16, "max_queue": 4, "port": 9000}))
+    args = build_parser().parse_args(["serve", "--config", str(cfg), "--port", "9100"])
+    apply_config(args, _defaults)
+    assert (args.batch, args.max_queue, args.port) == (16, 4, 9100)
+    cfg.write_text(json.dumps({"no_such_option": 1}))
+    args = build_parser().parse_args(["serve", "--config", str(cfg)])
+    from mlxd.model import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="unknown option 'no_such_option'"):
+        apply_config(args, _defaults)
+
+
+def test_draft_model_is_refused_at_start_up(tmp_path: Path) -> None:
+    from mlxd.model import ModelLoadError
+    from mlxd.serve.main import make_state
+
+    args = build_parser().parse_args(["serve", "--draft-model", "x"])
+    with pytest.raises(ModelLoadError, match="speculative decoding"):
+        make_state(args)
