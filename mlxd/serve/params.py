@@ -1,6 +1,7 @@
 """The generation fields every endpoint shares, read with mlx_lm.server's defaults and checks
 (its `_validate`, one 400 naming the field). Booleans are not accepted as numbers."""
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,8 @@ def check(
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         names = kinds[0].__name__ if len(kinds) == 1 else str(tuple(k.__name__ for k in kinds))
         raise bad_request(f"{name} must be of type {names}", name)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad_request(f"{name} must be a finite number", name)
     if value in allow:
         return value
     if lo is not None and value < lo:
@@ -70,9 +73,12 @@ def logit_bias(value: Any) -> dict[int, float] | None:
     if not isinstance(value, dict):
         raise bad_request("logit_bias must be of type dict", "logit_bias")
     try:
-        return {int(k): float(v) for k, v in value.items()}
-    except (TypeError, ValueError) as e:
+        bias = {int(k): float(v) for k, v in value.items()}
+    except (TypeError, ValueError, OverflowError) as e:
         raise bad_request("logit_bias must be a dict of int to float", "logit_bias") from e
+    if not all(math.isfinite(v) for v in bias.values()):
+        raise bad_request("logit_bias values must be finite numbers", "logit_bias")
+    return bias
 
 
 def read_params(body: dict[str, Any], defaults: Any) -> GenParams:

@@ -84,6 +84,14 @@ def qwen3_server(
     live.stop()
 
 
+@pytest.fixture(scope="session")
+def smollm2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server on the embedded SmolLM2 (real English text), shared by the whole session."""
+    live = start_server(model=None, data_dir=str(tmp_path_factory.mktemp("smol-data")))
+    yield live
+    live.stop()
+
+
 @pytest.fixture
 def make_server(qwen3_model_dir: Path, tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
     """`make_server(**flags)`: a fresh server with options (stopped after the test)."""

@@ -1,0 +1,209 @@
+"""OpenAI's Responses API: `POST /v1/responses` (plain or streamed), `GET` and `DELETE
+/v1/responses/{id}`. Responses are stored (unless `store: false`) so `previous_response_id`
+continues a conversation, across restarts too. Function tools and tool_choice auto/none are
+honoured; `required`, named tools and non-text formats need constrained decoding: a 400."""
+
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from . import sse
+from .body import read_json
+from .errors import APIError, bad_request
+from .generation import Generation
+from .offload import offload
+from .openai_api import load_model
+from .params import GenParams, check, read_params
+from .prompt import chat_prompt, normalize_messages
+from .responses_convert import chat_tools, flat_tools, input_items, new_id, to_messages
+from .responses_store import ResponseStore
+from .responses_stream import ResponseRun
+from .state import ServerState
+from .waiting import until_done_or_disconnect
+
+_OBJECT = {"type": "object"}
+REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "model": {"type": "string"},
+        "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": _OBJECT}]},
+        "instructions": {"type": "string"},
+        "tools": {"type": "array", "items": {**_OBJECT, "required": ["type", "name"]}},
+        "tool_choice": {"oneOf": [{"enum": ["auto", "none", "required"]}, _OBJECT]},
+        "text": {"type": "object", "properties": {"format": _OBJECT}},
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "stream": {"type": "boolean"},
+        "store": {"type": "boolean"},
+        "previous_response_id": {"type": "string"},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+        "parallel_tool_calls": {"type": "boolean"},
+        "chat_template_kwargs": {"type": "object"},
+    },
+}
+# mlx-lm sampling extras a Responses body may carry too (read with chat's rules).
+_EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_CONSTRAINED = "needs constrained decoding, which this server does not support yet"
+
+
+def _tools_for_template(tools: list[dict] | None, body: dict[str, Any]) -> list[dict] | None:
+    choice = body.get("tool_choice")
+    if choice is None or choice == "auto":
+        return tools
+    if choice == "none":
+        return None
+    if choice == "required" or isinstance(choice, dict):
+        raise bad_request(f"tool_choice 'required' or a named tool {_CONSTRAINED}", "tool_choice")
+    raise bad_request("tool_choice must be 'auto', 'none', 'required' or an object", "tool_choice")
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    text = body.get("text")
+    if text is not None and not isinstance(text, dict):
+        raise bad_request("text must be an object", "text")
+    fmt = (text or {}).get("format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise bad_request(f"text.format other than {{'type': 'text'}} {_CONSTRAINED}", "text")
+    for name in ("background", "conversation", "prompt"):
+        if body.get(name) not in (None, False):
+            raise bad_request(f"{name} is not supported", name)
+    if body.get("top_logprobs") not in (None, 0):
+        raise bad_request("top_logprobs is not supported on /v1/responses yet", "top_logprobs")
+
+
+def _params(body: dict[str, Any], defaults: Any) -> GenParams:
+    sub = {k: body[k] for k in ("temperature", "top_p", "seed", *_EXTRAS) if k in body}
+    if body.get("max_output_tokens") is not None:
+        sub["max_tokens"] = check("max_output_tokens", body["max_output_tokens"], int, lo=1)
+    return read_params(sub, defaults)
+
+
+class ResponseRequest:
+    """A validated `POST /v1/responses` body."""
+
+    def __init__(self, state: ServerState, body: dict[str, Any]) -> None:
+        self.state, self.body = state, body
+        self.stream = _flag(body, "stream", False)
+        self.store = _flag(body, "store", True)
+        self.items = input_items(body.get("input"))
+        self.instructions = body.get("instructions")
+        if self.instructions is not None and not isinstance(self.instructions, str):
+            raise bad_request("instructions must be a string", "instructions")
+        self.previous = body.get("previous_response_id")
+        if self.previous is not None and not isinstance(self.previous, str):
+            raise bad_request("previous_response_id must be a string", "previous_response_id")
+        metadata = body.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise bad_request("metadata must be an object", "metadata")
+        self.all_tools = chat_tools(body.get("tools"))
+        self.tools = _tools_for_template(self.all_tools, body)
+        _refuse_unsupported(body)
+        self.params = _params(body, state.args)
+
+    async def history(self) -> list[dict[str, Any]]:
+        """The previous response's input items and output items (404 when not stored)."""
+        if self.previous is None:
+            return []
+        found = await self.state.store.load(self.previous)
+        if found is None:
+            message = f"Previous response with id '{self.previous}' not found."
+            raise APIError(404, message, param="previous_response_id")
+        items, response = found
+        return items + response["output"]
+
+    def head(self, model: str) -> dict[str, Any]:
+        """The response object's fields that echo the request."""
+        b, p = self.body, self.params
+        return {
+            "id": new_id("resp"),
+            "created_at": int(time.time()),
+            "instructions": self.instructions,
+            "max_output_tokens": b.get("max_output_tokens"),
+            "metadata": b.get("metadata") or {},
+            "model": model,
+            "parallel_tool_calls": b.get("parallel_tool_calls", True) is not False,
+            "previous_response_id": self.previous,
+            "reasoning": b.get("reasoning") or {"effort": None, "summary": None},
+            "store": self.store,
+            "temperature": p.temperature,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": b.get("tool_choice") or "auto",
+            "tools": flat_tools(self.all_tools),
+            "top_p": p.top_p,
+            "truncation": "disabled",
+            "user": b.get("user"),
+            "background": False,
+        }
+
+
+def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    return default if value is None else check(name, value, bool)
+
+
+async def create_response(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxd
+    body = await read_json(request)
+    req = ResponseRequest(state, body)
+    if not req.items:
+        raise bad_request("input is required", "input")
+    items = await req.history() + req.items
+    messages = normalize_messages(to_messages(items, req.instructions))
+    served = await load_model(state, body)
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")
+    template_args = {**state.template_args, **kwargs}
+    prompt = await offload(
+        lambda: chat_prompt(served.tokenizer, messages, req.tools, template_args)
+    )
+    gen = Generation(served, prompt, req.params, req.tools, state.metrics, "responses")
+    await gen.start(state.args)
+    model = body.get("model") or served.name
+    run = ResponseRun(req.head(model), gen, items, state.store if req.store else None)
+    if req.stream:
+        return sse.stream(run.frames())
+    return JSONResponse(await until_done_or_disconnect(request, run.whole(), gen))
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(404, f"Response with id '{response_id}' not found.", param="response_id")
+
+
+async def get_response(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxd
+    response_id = request.path_params["response_id"]
+    found = await state.store.load(response_id)
+    if found is None:
+        raise _not_found(response_id)
+    return JSONResponse(found[1])
+
+
+async def delete_response(request: Request) -> Response:
+    state: ServerState = request.app.state.mlxd
+    response_id = request.path_params["response_id"]
+    if not await state.store.remove(response_id):
+        raise _not_found(response_id)
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+def add_routes(app: FastAPI, state: ServerState) -> None:
+    state.store = ResponseStore(Path(state.args.data_dir) / "responses.sqlite3")
+    body = {"content": {"application/json": {"schema": REQUEST_SCHEMA}}, "required": True}
+    app.add_api_route(
+        "/v1/responses",
+        create_response,
+        methods=["POST"],
+        openapi_extra={"requestBody": body},
+        response_model=None,
+    )
+    path = "/v1/responses/{response_id}"
+    app.add_api_route(path, get_response, methods=["GET"], response_model=None)
+    app.add_api_route(path, delete_response, methods=["DELETE"], response_model=None)
+    if isinstance(getattr(app.router, "on_shutdown", None), list):
+        app.router.on_shutdown.append(state.store.close)
