@@ -16,9 +16,9 @@ _HF_FILES = ("config.json", "model.safetensors.index.json", "tokenizer_config.js
 def _hf_cache_models() -> list[dict[str, Any]]:
     """Repos in the HF cache that look like mlx-lm models (mlx_lm.server's rule)."""
     try:
-        from huggingface_hub import scan_cache_dir
+        from huggingface_hub import constants, scan_cache_dir
 
-        info = scan_cache_dir()
+        info = scan_cache_dir(constants.HF_HUB_CACHE)  # read now, not at hub import
     except Exception:  # noqa: BLE001 - no cache or an unreadable one: nothing to list
         return []
     out = []
