@@ -114,6 +114,8 @@ class Engine:
         seed, row i samples from the stream of seed + i."""
         if n < 1:
             raise ValueError("n must be >= 1")
+        if n > self.batch:  # it could never be admitted, and would block the queue behind it
+            raise ValueError(f"n must be at most {self.batch} (the engine's batch size)")
         if n > 1 and (why := batchable(req, self.config)) is not None:
             raise ValueError(f"n > 1 needs the batched step, and {why}")
         req.n = n

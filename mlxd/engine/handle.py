@@ -28,7 +28,10 @@ class RequestHandle:
         with self._lock:
             watchers = list(self._watchers)
         for loop, flag in watchers:
-            loop.call_soon_threadsafe(flag.set)
+            try:
+                loop.call_soon_threadsafe(flag.set)
+            except RuntimeError:  # that event loop is closed: nobody is waiting there any more
+                pass
 
     @property
     def cancelled(self) -> bool:

@@ -5,11 +5,13 @@ exception") when a thread that ran MLX ops has finished; threads that are still 
 So an engine's loop runs on a pooled daemon thread that goes back to the pool when it ends.
 """
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
 
 _idle: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
+log = logging.getLogger("mlxd.engine")
 
 
 class _Worker:
@@ -23,6 +25,8 @@ class _Worker:
             job = self.jobs.get()
             try:
                 job()
+            except BaseException:  # noqa: BLE001 - a worker must outlive its job (see above)
+                log.exception("an mlxd worker job failed")
             finally:
                 _idle.put(self)
 

@@ -27,6 +27,8 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> dict[str, 
         raise bad_request(f"request body is not valid UTF-8: {e}") from e
     except json.JSONDecodeError as e:
         raise bad_request(f"Invalid JSON in request body: {e}") from e
+    except RecursionError as e:
+        raise bad_request("request body nests too deeply") from e
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
     return body

@@ -63,6 +63,8 @@ def build_request(served: Served, prompt: Prompt, p: GenParams, args: Any) -> Ge
     n_prompt = len(prompt.tokens)
     if n_prompt == 0:
         raise bad_request("the prompt is empty", "prompt")
+    if p.n > served.engine.batch:
+        raise bad_request(f"n must be at most {served.engine.batch} (the server's --batch)", "n")
     max_tokens = p.max_tokens
     if (ctx := served.context_length) is not None:
         if n_prompt >= ctx:

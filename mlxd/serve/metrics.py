@@ -1,11 +1,175 @@
-"""Prometheus metrics (placeholder until the metrics work lands: no routes, no series)."""
+"""Prometheus `/metrics`: requests by route and status (an ASGI middleware), per-generation
+latency and token counts (`Metrics.finished`, called by every Generation), and the engines'
+rows and KV read at scrape time. Each app has its own registry, so servers can share a process.
 
+`mlxd_kv_bytes_in_use` is the KV *reservation* admission holds for the running rows (their
+worst case, prompt + max_tokens); without a `--kv-budget` / `--memory-budget` nothing is
+reserved and it reads 0. Reading the live caches would mean touching MLX arrays off the engine
+thread, which the engine forbids."""
+
+from collections.abc import Iterator
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Match
 
-def make_metrics(state: Any) -> None:
-    return None
+from .errors import APIError
+from .offload import offload
+
+# 1 ms .. 30 s, roughly x2.5 per step: decode gaps on a GPU through long prefills on a CPU.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+)  # fmt: skip
+OTHER = "other"  # paths no route knows: one label, so a scanner cannot grow the series
+CLIENT_GONE = "499"  # the client went away before any response started (nginx's code)
+
+
+class EngineCollector:
+    """Gauges from every loaded engine's `stats()`, read when scraped."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        lab = ["model"]
+        running = GaugeMetricFamily("mlxd_running_rows", "Rows decoding or prefilling", labels=lab)
+        waiting = GaugeMetricFamily("mlxd_waiting_rows", "Rows queued for admission", labels=lab)
+        in_use = GaugeMetricFamily(
+            "mlxd_kv_bytes_in_use",
+            "KV bytes reserved for the running rows (worst case; 0 without a KV budget)",
+            labels=lab,
+        )
+        budget = GaugeMetricFamily(
+            "mlxd_kv_budget_bytes", "KV budget in bytes (absent without one)", labels=lab
+        )
+        speed = GaugeMetricFamily(
+            "mlxd_tokens_per_second", "Generated tokens per busy second of the engine", labels=lab
+        )
+        provider = getattr(self.state, "provider", None)
+        for served in provider.loaded() if provider is not None else []:
+            stats = served.engine.stats()
+            name = [served.name]
+            running.add_metric(name, stats["active"])
+            waiting.add_metric(name, stats["waiting"])
+            in_use.add_metric(name, stats["kv_bytes_reserved"])
+            if stats["kv_budget"] is not None:
+                budget.add_metric(name, stats["kv_budget"])
+            speed.add_metric(name, stats["tokens_per_s"])
+        yield from (running, waiting, in_use, budget, speed)
+
+
+class Metrics:
+    def __init__(self, state: Any) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "mlxd_requests", "HTTP requests by route and status", ["endpoint", "status"], registry=r
+        )
+        ep = ["endpoint"]
+        self.ttft = Histogram(
+            "mlxd_time_to_first_token_seconds",
+            "Submit to first token, per request",
+            ep,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "mlxd_inter_token_latency_seconds",
+            "Gaps between a request's tokens as they reach the server",
+            ep,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt = Counter("mlxd_prompt_tokens", "Prompt tokens", ep, registry=r)
+        self.cached = Counter(
+            "mlxd_cached_prompt_tokens", "Prompt tokens served from the cache", ep, registry=r
+        )
+        self.generated = Counter("mlxd_generation_tokens", "Generated tokens", ep, registry=r)
+        self.finished_total = Counter(
+            "mlxd_requests_finished",
+            "Finished rows (each of n choices) by finish reason",
+            ["endpoint", "reason"],
+            registry=r,
+        )
+        r.register(EngineCollector(state))
+
+    def install(self, app: Any) -> None:
+        """Outermost middleware: it also sees the 401s and CORS answers given before routing."""
+        app.add_middleware(MetricsMiddleware, metrics=self, router=app.router)
+
+    def finished(self, gen: Any) -> None:
+        ep = gen.endpoint or OTHER
+        if gen.ttft_s is not None:
+            self.ttft.labels(ep).observe(gen.ttft_s)
+        itl = self.itl.labels(ep)
+        for gap in gen.gaps:
+            itl.observe(gap)
+        u = gen.usage
+        self.prompt.labels(ep).inc(u.prompt_tokens)
+        self.cached.labels(ep).inc(u.cached_tokens)
+        self.generated.labels(ep).inc(u.completion_tokens)
+        reasons = list(gen.finish_reasons)
+        reasons += ["cancelled"] * (len(gen.handles) - len(reasons))  # abandoned rows
+        for reason in reasons:
+            self.finished_total.labels(ep, reason or "unknown").inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def route_template(router: Any, scope: dict) -> str:
+    """The path template of the route a request hits (a 405 counts under its path too)."""
+    partial = None
+    for route in router.routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return getattr(route, "path", OTHER)
+        if match is Match.PARTIAL and partial is None:
+            partial = getattr(route, "path", OTHER)
+    return partial or OTHER
+
+
+class MetricsMiddleware:
+    """Pure ASGI (a BaseHTTPMiddleware would buffer streams): counts when the response starts,
+    so a client that has its answer also finds it counted."""
+
+    def __init__(self, app: Any, metrics: Metrics, router: Any) -> None:
+        self.app, self.metrics, self.router = app, metrics, router
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        endpoint = route_template(self.router, scope)
+        started = False
+
+        async def counting_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            if not started:
+                self.metrics.requests.labels(endpoint, CLIENT_GONE).inc()
+
+
+def make_metrics(state: Any) -> Metrics:
+    return Metrics(state)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    metrics = request.app.state.mlxd.metrics
+    if metrics is None:
+        raise APIError(404, "metrics are not enabled")
+    body = await offload(metrics.exposition)  # stats() takes the engines' locks
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 def add_routes(app: Any, state: Any) -> None:
-    return None
+    app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)

@@ -32,6 +32,7 @@ class GenParams:
 
 
 NUM = (int, float)
+INT32 = 2**31 - 1  # MLX slices take 32-bit indices
 
 
 def check(
@@ -102,15 +103,15 @@ def read_params(body: dict[str, Any], defaults: Any) -> GenParams:
         xtc_threshold=check("xtc_threshold", g("xtc_threshold", 0.1), float, lo=0, hi=1),
         repetition_penalty=check("repetition_penalty", g("repetition_penalty", 0.0), NUM, lo=0),
         repetition_context_size=check(
-            "repetition_context_size", g("repetition_context_size", 20), int, lo=0
+            "repetition_context_size", g("repetition_context_size", 20), int, lo=0, hi=INT32
         ),
         presence_penalty=check("presence_penalty", g("presence_penalty", 0.0), NUM),
         presence_context_size=check(
-            "presence_context_size", g("presence_context_size", 20), int, lo=0
+            "presence_context_size", g("presence_context_size", 20), int, lo=0, hi=INT32
         ),
         frequency_penalty=check("frequency_penalty", g("frequency_penalty", 0.0), NUM),
         frequency_context_size=check(
-            "frequency_context_size", g("frequency_context_size", 20), int, lo=0
+            "frequency_context_size", g("frequency_context_size", 20), int, lo=0, hi=INT32
         ),
         logit_bias=logit_bias(g("logit_bias")),
         logprobs=check("logprobs", g("logprobs", False), bool),

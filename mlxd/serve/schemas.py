@@ -12,11 +12,15 @@ _SAMPLING: dict[str, Any] = {
     "top_k": {"type": "integer", "minimum": 0},
     "min_p": {"type": "number", "minimum": 0, "maximum": 1},
     "repetition_penalty": {"type": "number", "minimum": 0},
-    "presence_penalty": {"type": "number"},
-    "frequency_penalty": {"type": "number"},
+    "presence_penalty": {"type": "number", "minimum": -1e6, "maximum": 1e6},
+    "frequency_penalty": {"type": "number", "minimum": -1e6, "maximum": 1e6},
     "xtc_probability": {"type": "number", "minimum": 0, "maximum": 1},
     "xtc_threshold": {"type": "number", "minimum": 0, "maximum": 1},
-    "logit_bias": {"type": "object", "additionalProperties": {"type": "number"}},
+    "logit_bias": {
+        "type": "object",
+        "propertyNames": {"pattern": "^[0-9]+$"},
+        "additionalProperties": {"type": "number"},
+    },
     "logprobs": {"type": "boolean"},
     "top_logprobs": {"type": "integer", "minimum": -1, "maximum": 11},
     "seed": {"type": "integer"},
@@ -56,9 +60,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["messages"],
         "properties": {
             **_SAMPLING,
-            "messages": {"type": "array", "items": _MESSAGE},
+            "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
             "tools": {"type": "array", "items": {"type": "object"}},
-            "tool_choice": {"oneOf": [{"type": "string"}, {"type": "object"}]},
+            "tool_choice": {"type": "string", "enum": ["none", "auto"]},
             "chat_template_kwargs": {"type": "object"},
         },
     },
@@ -68,7 +72,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {
             **_SAMPLING,
             "prompt": {
-                "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                ]
             },
         },
     },

@@ -6,11 +6,12 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 T = TypeVar("T")
 
 
-async def until_done_or_disconnect(request: Request, work: Awaitable[T], gen: Any) -> T:
+async def until_done_or_disconnect(request: Request, work: Awaitable[T], gen: Any) -> T | Response:
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -20,7 +21,7 @@ async def until_done_or_disconnect(request: Request, work: Awaitable[T], gen: An
             if await request.is_disconnected():
                 gen.cancel()
                 task.cancel()
-                raise asyncio.CancelledError("client disconnected")
+                return Response(status_code=499)  # nobody reads it; no traceback in the log
     finally:
         if not task.done():
             task.cancel()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import mlx_lm.server
 import pytest
+from tests_helpers_serve import serve_parser
 
 from mlxd.cli import build_parser
-from tests_helpers_serve import serve_parser
 
 
 class _Captured(Exception):

@@ -1,0 +1,164 @@
+"""Admission and overload: a full queue is a 429 with Retry-After, budgets and the context
+length refuse what can never fit (400 naming the limit), a memory budget below the weights
+fails at start-up, and a client that goes away frees its row."""
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from serve.conftest import server_args
+
+from mlxd.model import ModelLoadError
+from mlxd.serve.main import make_state
+
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+NO_EOS = {"151643": -100, "151645": -100}  # Qwen3's end tokens: rows run to max_tokens
+CONTEXT = 64  # max_position_embeddings of the small-context copy of the tiny model
+HI = 6023  # Qwen3's id for "hi"
+
+
+def stats(live) -> dict:
+    return live.state.provider.default.engine.stats()
+
+
+def wait_for(cond: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.time() + seconds
+    while not cond():
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+
+
+def data_frames(lines) -> list[dict]:
+    return [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
+
+
+def finish_of(frames: list[dict]) -> str | None:
+    return next(
+        (c["finish_reason"] for f in frames for c in f["choices"] if c["finish_reason"]), None
+    )
+
+
+def test_full_queue_is_429_with_retry_after(make_server) -> None:
+    live = make_server(batch=1, max_queue=1)
+    url = live.v1 + "/chat/completions"
+    long = {"messages": MESSAGES, "max_tokens": 60, "logit_bias": NO_EOS, "stream": True}
+    short = {**long, "max_tokens": 4}
+    with httpx.Client(timeout=60) as a, httpx.Client(timeout=60) as b:
+        with a.stream("POST", url, json=long) as ra, b.stream("POST", url, json=short) as rb:
+            a_lines = ra.iter_lines()
+            first = [next(x for x in a_lines if x.startswith("data: "))]
+            assert rb.status_code == 200
+            wait_for(lambda: stats(live)["waiting"] == 1, 5, "the second request did not queue")
+            assert stats(live)["active"] == 1
+            rc = httpx.post(url, json={**short, "stream": False}, timeout=30)
+            assert stats(live)["active"] == 1, "the first row ended before the third request"
+            assert rc.status_code == 429, rc.text
+            assert int(rc.headers["retry-after"]) >= 1
+            err = rc.json()["error"]
+            assert err["type"] == "rate_limit_error" and "max_queue" in err["message"]
+            a_frames = data_frames(first + list(a_lines))
+            b_frames = data_frames(rb.iter_lines())
+    assert finish_of(a_frames) == "length" and finish_of(b_frames) == "length"
+    assert sum(len(c["delta"].get("content", "")) > 0 for f in b_frames for c in f["choices"])
+    wait_for(lambda: stats(live)["active"] == 0, 5, "rows still active after both finished")
+
+
+def test_queued_client_that_leaves_frees_its_slot(make_server) -> None:
+    live = make_server(batch=1, max_queue=1)
+    url = live.v1 + "/chat/completions"
+    long = {"messages": MESSAGES, "max_tokens": 2000, "logit_bias": NO_EOS, "stream": True}
+    with httpx.stream("POST", url, json=long, timeout=60) as ra:
+        next(x for x in ra.iter_lines() if x.startswith("data: "))
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url, json={**long, "stream": False}, timeout=1.0)
+        wait_for(lambda: stats(live)["waiting"] == 0, 5, "the abandoned request kept its slot")
+        assert stats(live)["active"] == 1
+        # The slot is free again: another request queues instead of getting a 429.
+        with httpx.stream("POST", url, json={**long, "max_tokens": 2}, timeout=60) as rb:
+            assert rb.status_code == 200
+    wait_for(lambda: stats(live)["active"] == 0, 5, "the closed stream's row kept running")
+
+
+def test_kv_budget_too_small_is_400_naming_it(make_server) -> None:
+    live = make_server(kv_budget=4096)
+    r = httpx.post(
+        live.v1 + "/chat/completions", json={"messages": MESSAGES, "max_tokens": 8}, timeout=30
+    )
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "kv_budget" in message and "4096" in message
+    assert stats(live)["active"] == 0 and stats(live)["waiting"] == 0
+
+
+def test_memory_budget_below_the_weights_fails_at_start(qwen3_model_dir: Path, tmp_path) -> None:
+    args = server_args(model=str(qwen3_model_dir), memory_budget="1MB", data_dir=str(tmp_path))
+    with pytest.raises(ModelLoadError, match="--memory-budget") as info:
+        make_state(args)
+    assert "weights" in str(info.value)
+
+
+@pytest.fixture
+def small_context_model(qwen3_model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny qwen3 model with max_position_embeddings = CONTEXT (the original says 40960)."""
+    folder = tmp_path / "qwen3-ctx64"
+    folder.mkdir()
+    for f in qwen3_model_dir.iterdir():
+        if f.name != "config.json":
+            (folder / f.name).symlink_to(f)
+    config = json.loads((qwen3_model_dir / "config.json").read_text())
+    assert config["max_position_embeddings"] > CONTEXT
+    config["max_position_embeddings"] = CONTEXT
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_prompt_longer_than_the_context_is_400(make_server, small_context_model: Path) -> None:
+    live = make_server(model=str(small_context_model))
+    long_chat = [{"role": "user", "content": "hi " * 100}]
+    r = httpx.post(live.v1 + "/chat/completions", json={"messages": long_chat}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert "context length" in r.json()["error"]["message"]
+    assert str(CONTEXT) in r.json()["error"]["message"]
+    for n in (CONTEXT + 1, CONTEXT):  # the prompt must leave room for one token
+        r = httpx.post(live.v1 + "/completions", json={"prompt": [HI] * n}, timeout=30)
+        assert r.status_code == 400, (n, r.text)
+        assert str(CONTEXT) in r.json()["error"]["message"]
+    # What fits is clamped to the context: 60 prompt tokens leave 4, whatever max_tokens says.
+    body = {"prompt": [HI] * 60, "max_tokens": 10**12, "logit_bias": NO_EOS}
+    r = httpx.post(live.v1 + "/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == CONTEXT - 60
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    shutil.rmtree(small_context_model)
+
+
+def test_stream_disconnect_cancels_the_row(qwen3_server) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 2000, "logit_bias": NO_EOS, "stream": True}
+    with httpx.stream("POST", qwen3_server.v1 + "/chat/completions", json=body, timeout=60) as r:
+        frames = (x for x in r.iter_lines() if x.startswith("data: "))
+        next(frames), next(frames)
+        assert stats(qwen3_server)["active"] == 1
+    wait_for(lambda: stats(qwen3_server)["active"] == 0, 5, "the row outlived its client")
+
+
+def test_non_streaming_client_timeout_cancels_the_row(qwen3_server) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 2000, "logit_bias": NO_EOS}
+    outcome: list[BaseException] = []
+
+    def impatient() -> None:
+        try:
+            httpx.post(qwen3_server.v1 + "/chat/completions", json=body, timeout=1.5)
+        except httpx.TimeoutException as e:
+            outcome.append(e)
+
+    client = threading.Thread(target=impatient)
+    client.start()
+    wait_for(lambda: stats(qwen3_server)["active"] == 1, 5, "the request never started")
+    client.join()
+    assert outcome, "the 2000-token request finished within 1.5 s: nothing was cancelled"
+    wait_for(lambda: stats(qwen3_server)["active"] == 0, 5, "the row outlived its client")
