@@ -1,4 +1,5 @@
-"""`mlxd bench`: side-by-side benchmarks against mlx-lm (`mlxd bench generate`), flags by layer."""
+"""`mlxd bench`: side-by-side benchmarks against mlx-lm (`mlxd bench generate`, in process;
+`mlxd bench serve`, two HTTP servers), flags by layer."""
 
 import argparse
 import sys
@@ -64,6 +65,59 @@ def _output_group(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", type=str, default=None, metavar="OUT", help="write every raw number")
 
 
+def _agents(text: str) -> list[int]:
+    try:
+        ns = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not ns or ns[0] < 1:
+        raise argparse.ArgumentTypeError("agents must be integers >= 1, e.g. 1,8,32")
+    return ns
+
+
+def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    s = bench_subs.add_parser(
+        "serve",
+        help="agent fleet over HTTP, mlxd serve vs mlx_lm.server",
+        description="N agents share one long system prompt and run T streamed chat turns each, "
+        "all at once, against an mlxd server and an mlx_lm.server on the same model (one after "
+        "the other): output tok/s, TTFT and inter-chunk latency p50 / p99, peak RSS.",
+    )
+    w = s.add_argument_group("workload (greedy; EOS and control tokens banned by logit_bias)")
+    w.add_argument("--model", default=None, help="local MLX model folder (default: embedded)")
+    w.add_argument("--agents", type=_agents, default=[1, 8, 32], help="N values (default 1,8,32)")
+    w.add_argument("--turns", type=int, default=4, help="turns per agent (default 4)")
+    w.add_argument("--max-tokens", type=int, default=256, help="tokens per turn (default 256)")
+    w.add_argument(
+        "--system-tokens", type=int, default=3600, help="shared system prompt length (3600)"
+    )
+    w.add_argument("--rounds", type=int, default=1, help="runs per N, each with its own prompts")
+    w.add_argument("--seed", type=int, default=0, help="seed of the prompt words")
+    v = s.add_argument_group("servers")
+    v.add_argument("--batch", type=int, default=None, help="mlxd --batch (default: max N)")
+    v.add_argument("--mlxd-args", default="", help="extra flags for mlxd serve, one string")
+    v.add_argument("--mlx-lm-args", default="", help="extra flags for mlx_lm.server, one string")
+    v.add_argument("--only", choices=("mlxd", "mlx-lm"), default=None, help="run one side")
+    v.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to ready")
+    o = s.add_argument_group("output")
+    o.add_argument("--json", default=None, metavar="OUT", help="every raw number")
+    o.add_argument("--markdown", default=None, metavar="OUT.md", help="the table")
+    o.add_argument("--plot", default=None, metavar="OUT.png", help="tok/s and TTFT against N")
+    o.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder)")
+
+
+def _run_serve(args: argparse.Namespace) -> None:
+    if args.turns < 1 or args.max_tokens < 1 or args.system_tokens < 1 or args.rounds < 1:
+        sys.exit("mlxd bench serve: --turns, --max-tokens, --system-tokens, --rounds must be >= 1")
+    args.batch_given = args.batch is not None
+    if args.batch is None:
+        args.batch = max(args.agents)  # equal caps up to mlx_lm.server's 32
+    from ..bench.serve import run_serve
+
+    if code := run_serve(args):
+        sys.exit(code)
+
+
 def add_parser(subs: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = subs.add_parser(
         "bench",
@@ -79,6 +133,7 @@ def add_parser(subs: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
     )
     for group in (_model_group, _engine_group, _workload_group, _output_group):
         group(g)
+    _serve_parser(bench_subs)
     p.set_defaults(bench_parser=p)
 
 
@@ -86,13 +141,15 @@ def run(args: argparse.Namespace) -> None:
     if args.bench_command is None:
         args.bench_parser.print_help()
         sys.exit(2)
+    del args.bench_parser  # not JSON material
+    if args.bench_command == "serve":
+        return _run_serve(args)
     if args.concurrent == 1 or args.concurrent < 0:
         sys.exit("mlxd bench generate: --concurrent needs N >= 2 (N = 1 is the single stream)")
     if args.gen_tokens < 2 or args.prompt_tokens < 1:
         sys.exit("mlxd bench generate: needs --gen-tokens >= 2 and --prompt-tokens >= 1")
     if args.concurrent_rounds is None:
         args.concurrent_rounds = args.rounds
-    del args.bench_parser  # not JSON material
     from ..bench.generate import run_bench
 
     if code := run_bench(args):

@@ -2,6 +2,7 @@
 fields and response shapes, with `reasoning_content` beside `reasoning`, `n` as rows, and
 `tool_choice` / `response_format` honoured or refused (never silently ignored)."""
 
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -92,14 +93,22 @@ def logprobs_json(tokens: list[TokenInfo], tokenizer: Any, params: GenParams) ->
     content = []
     for t in tokens:
         entry: dict[str, Any] = {"id": t.id, "token": tokenizer.convert_ids_to_tokens(t.id)}
-        entry["logprob"] = t.logprob if t.logprob is not None else _logprob_from_top(t)
+        entry["logprob"] = finite(t.logprob if t.logprob is not None else _logprob_from_top(t))
         tops = t.top or []
         names = tokenizer.convert_ids_to_tokens([i for i, _ in tops]) if tops else []
         entry["top_logprobs"] = [
-            {"id": i, "token": s, "logprob": lp} for (i, lp), s in zip(tops, names, strict=True)
+            {"id": i, "token": s, "logprob": finite(lp)}
+            for (i, lp), s in zip(tops, names, strict=True)
         ]
         content.append(entry)
     return {"content": content}
+
+
+def finite(lp: float | None) -> float | None:
+    """JSON has no infinities: a banned token's -inf is OpenAI's -9999.0, NaN is null."""
+    if lp is None or math.isnan(lp):
+        return None
+    return max(lp, -9999.0)
 
 
 def _logprob_from_top(t: TokenInfo) -> float | None:

@@ -1,0 +1,181 @@
+"""The agent fleet of `mlxd bench serve`: N agents share one long system prompt, each with its own
+task, each running T turns of streamed chat completions; all start together. Prompts are random
+but deterministic words, the same for every server; EOS and control tokens are banned with
+`logit_bias` so every turn generates exactly `max_tokens` tokens."""
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .report import percentile
+
+SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+BAN = -1e4  # additive: below any real logit, and finite in float16 / bfloat16 too
+
+
+def words(rng: random.Random, n: int) -> list[str]:
+    return ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(n)]
+
+
+def text_of_tokens(tokenizer: Any, rng: random.Random, target: int) -> str:
+    """Random words, cut to the fewest that reach `target` tokens under the model's tokenizer
+    (every word is at least one token, so `target` words always suffice)."""
+    pool = words(rng, max(8, target))
+
+    def count(k: int) -> int:
+        return len(tokenizer.encode(" ".join(pool[:k]), add_special_tokens=False))
+
+    lo, hi = 1, len(pool)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if count(mid) >= target else (mid + 1, hi)
+    return " ".join(pool[:lo])
+
+
+def banned_tokens(model: Path, eos_ids: list[int]) -> list[int]:
+    """EOS ids plus the tokenizer's added tokens (<|im_start|>, <think>, <tool_call>, ...): a
+    control token would end the turn or switch a server into reasoning / tool mode, where it
+    chunks the stream differently."""
+    ids = set(eos_ids)
+    tok_file = model / "tokenizer.json"
+    if tok_file.exists():
+        ids |= {int(t["id"]) for t in json.loads(tok_file.read_text()).get("added_tokens", [])}
+    return sorted(ids)
+
+
+@dataclass(frozen=True)
+class Workload:
+    agents: int
+    turns: int
+    max_tokens: int
+    system: str
+    tasks: list[str]  # the first user message of each agent
+    followups: list[list[str]]  # per agent: the user messages of turns 2..T
+    banned: list[int]
+
+    def body(self, messages: list[dict[str, str]]) -> dict[str, Any]:
+        return {
+            "messages": messages,
+            "max_tokens": self.max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "logit_bias": {str(t): BAN for t in self.banned},
+        }
+
+
+def build_workload(
+    tokenizer: Any,
+    agents: int,
+    turns: int,
+    max_tokens: int,
+    system_tokens: int,
+    seed: str,
+    banned: list[int],
+) -> Workload:
+    """`seed` names the run (e.g. "0:n8:r0"): distinct per N and round, so that no prompt cache
+    carries a system prompt from one run into the next."""
+    rng = random.Random(seed)
+    system = text_of_tokens(tokenizer, rng, system_tokens)
+    tasks = [f"You are agent {i}. Your task: {' '.join(words(rng, 24))}" for i in range(agents)]
+    followups = [
+        [f"Turn {t + 2}: go on with {' '.join(words(rng, 12))}" for t in range(turns - 1)]
+        for _ in range(agents)
+    ]
+    return Workload(agents, turns, max_tokens, system, tasks, followups, banned)
+
+
+async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    """One streamed request, timed at the client: `chunk_s` holds the arrival time (after the
+    send) of every chunk that carries text, reasoning or tool calls."""
+    rec: dict[str, Any] = {"ttft_s": None, "chunk_s": [], "error": None, "finish_reason": None}
+    usage: dict[str, Any] = {}
+    text: list[str] = []
+    t0 = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+            async for line in r.aiter_lines():
+                now = time.perf_counter() - t0
+                if not line.startswith("data:") or (data := line[5:].strip()) == "[DONE]":
+                    continue
+                msg = json.loads(data)
+                usage = msg.get("usage") or usage
+                for ch in msg.get("choices") or []:
+                    d = ch.get("delta") or {}
+                    if d.get("content") or d.get("reasoning") or d.get("tool_calls"):
+                        rec["chunk_s"].append(now)
+                    text.append(d.get("content") or "")
+                    rec["finish_reason"] = ch.get("finish_reason") or rec["finish_reason"]
+    except Exception as e:  # noqa: BLE001 - recorded, counted, and the agent stops
+        rec["error"] = f"{type(e).__name__}: {e}"
+    rec["ttft_s"] = rec["chunk_s"][0] if rec["chunk_s"] else None
+    rec["completion_tokens"] = usage.get("completion_tokens", 0)
+    rec["prompt_tokens"] = usage.get("prompt_tokens", 0)
+    rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    rec["text"] = "".join(text)
+    return rec
+
+
+async def agent(client: httpx.AsyncClient, wl: Workload, i: int, t0: float) -> list[dict]:
+    """Agent i's T turns: its history grows by the reply and a new user message each turn."""
+    messages = [{"role": "system", "content": wl.system}, {"role": "user", "content": wl.tasks[i]}]
+    out = []
+    for turn in range(wl.turns):
+        if turn:
+            messages.append({"role": "user", "content": wl.followups[i][turn - 1]})
+        sent = time.perf_counter() - t0
+        rec = await stream_chat(client, wl.body(messages))
+        text = rec.pop("text")
+        out.append({"agent": i, "turn": turn, "sent_s": sent, **rec, "reply_chars": len(text)})
+        if rec["error"]:
+            break
+        messages.append({"role": "assistant", "content": text})
+    return out
+
+
+async def run_fleet(url: str, wl: Workload, timeout_s: float) -> tuple[list[dict], float]:
+    """All agents at once; returns every request's record and the wall time of the whole run."""
+    limits = httpx.Limits(max_connections=wl.agents + 4, max_keepalive_connections=wl.agents + 4)
+    timeout = httpx.Timeout(timeout_s, connect=60.0)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
+        t0 = time.perf_counter()
+        per_agent = await asyncio.gather(*(agent(client, wl, i, t0) for i in range(wl.agents)))
+        wall = time.perf_counter() - t0
+    return [r for recs in per_agent for r in recs], wall
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return percentile(xs, q) if xs else None
+
+
+def aggregate(records: list[dict[str, Any]], wall_s: float, max_tokens: int) -> dict[str, Any]:
+    """One run's figures: aggregate output tok/s over the wall time, TTFT and inter-chunk gap
+    percentiles (nearest rank) over all requests, and the token counts."""
+    ok = [r for r in records if r["error"] is None]
+    ttft = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
+    gaps = [1e3 * (b - a) for r in ok for a, b in zip(r["chunk_s"], r["chunk_s"][1:], strict=False)]
+    out_tokens = sum(r["completion_tokens"] for r in ok)
+    cached = [r["cached_tokens"] for r in ok if r["cached_tokens"] is not None]
+    return {
+        "requests": len(records),
+        "errors": len(records) - len(ok),
+        "short_replies": sum(r["completion_tokens"] < max_tokens for r in ok),
+        "output_tokens": out_tokens,
+        "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
+        "cached_tokens": sum(cached) if cached else None,
+        "chunks": sum(len(r["chunk_s"]) for r in ok),
+        "wall_s": wall_s,
+        "output_tok_s": out_tokens / wall_s if wall_s > 0 else 0.0,
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p99_s": _pct(ttft, 99),
+        "itl_p50_ms": _pct(gaps, 50),
+        "itl_p99_ms": _pct(gaps, 99),
+    }

@@ -1,0 +1,104 @@
+"""The outputs of `mlxd bench serve` beside its JSON: a markdown table and a PNG of throughput
+and TTFT against the number of agents."""
+
+from pathlib import Path
+from typing import Any
+
+from .servers import LABEL, SIDES
+
+# (key in a run's figures, column label, better direction, digits)
+SERVE_METRICS = [
+    ("output_tok_s", "output tok/s", "higher", 1),
+    ("ttft_p50_s", "TTFT p50 s", "lower", 3),
+    ("ttft_p99_s", "TTFT p99 s", "lower", 3),
+    ("itl_p50_ms", "ITL p50 ms", "lower", 2),
+    ("itl_p99_ms", "ITL p99 ms", "lower", 2),
+    ("peak_rss_gb", "peak RSS GB", "lower", 3),
+]
+
+
+def _cell(s: dict[str, Any] | None, digits: int) -> str:
+    if s is None:
+        return "n/a"
+    if s["min"] == s["max"]:
+        return f"{s['median']:.{digits}f}"
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The table: one row per server and N, then the ratio mlxd / mlx-lm of the medians."""
+    a, model, env = result["args"], result["model"], result["env"]
+    sides = [s for s in SIDES if s in result["sides"]]
+    lines = [
+        f"`{result['command']}`",
+        "",
+        f"model {model['name']} ({model['path']}); device {env['device']}, {env['cpu_count']} "
+        f"CPUs; mlx {env['mlx']}, mlx-lm {env['mlx_lm']}, mlxd {env['mlxd']}",
+        f"{a['turns']} turns per agent, {a['max_tokens']} tokens per turn (EOS banned), system "
+        f"prompt {model['system_tokens']} tokens; {a['rounds']} round(s) per N "
+        "(median [min-max]); caps: " + ", ".join(_caps(result, s) for s in sides),
+        "",
+    ]
+    head = ["agents", "server", *(m[1] for m in SERVE_METRICS), "requests", "out tokens"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n, per in result["summary"].items():
+        for side in sides:
+            cells = [_cell(per[side].get(k), d) for k, _, _, d in SERVE_METRICS]
+            counts = [str(per[side]["requests"]), str(per[side]["output_tokens"])]
+            lines.append(f"| {n} | {LABEL[side]} | " + " | ".join(cells + counts) + " |")
+        if len(sides) == 2:
+            ratios = [per["ratio"].get(k) for k, *_ in SERVE_METRICS]
+            cells = ["n/a" if r is None else f"{r:.3f}" for r in ratios]
+            lines.append(f"| {n} | mlxd/mlx-lm | " + " | ".join(cells) + " | | |")
+    better = ", ".join(f"{label}: {b}" for _, label, b, _ in SERVE_METRICS)
+    lines += ["", f"better: {better}; ITL is the gap between streamed chunks."]
+    return "\n".join(lines) + "\n"
+
+
+def _caps(result: dict[str, Any], side: str) -> str:
+    return f"{LABEL[side]} {result['sides'][side]['cap']}"
+
+
+def plot(result: dict[str, Any], path: str | Path) -> None:
+    """Output tok/s and TTFT (p50 solid, p99 dashed) against N, medians with min-max bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ns = [int(n) for n in result["summary"]]
+    fig, (ax_tps, ax_ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for side in (s for s in SIDES if s in result["sides"]):
+        colour = {"mlx_lm": "tab:blue", "mlxd": "tab:orange"}[side]
+        for ax, key, style, label in (
+            (ax_tps, "output_tok_s", "-o", LABEL[side]),
+            (ax_ttft, "ttft_p50_s", "-o", f"{LABEL[side]} p50"),
+            (ax_ttft, "ttft_p99_s", "--s", f"{LABEL[side]} p99"),
+        ):
+            stats = [result["summary"][str(n)][side].get(key) for n in ns]
+            if any(s is None for s in stats):
+                continue
+            med = [s["median"] for s in stats]
+            err = [
+                [m - s["min"] for m, s in zip(med, stats, strict=True)],
+                [s["max"] - m for m, s in zip(med, stats, strict=True)],
+            ]
+            ax.errorbar(ns, med, yerr=err, fmt=style, color=colour, label=label, capsize=3)
+    a = result["args"]
+    ax_tps.set(title="aggregate output throughput", xlabel="agents N", ylabel="output tok/s")
+    ax_ttft.set(title="time to first token", xlabel="agents N", ylabel="TTFT s")
+    for ax in (ax_tps, ax_ttft):
+        if len(ns) > 1:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(
+        f"{result['model']['name']}: {a['turns']} turns x {a['max_tokens']} tokens, "
+        f"system prompt {result['model']['system_tokens']} tokens, {result['env']['device']}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,189 @@
+"""The two servers of `mlxd bench serve` as subprocesses on free ports: start, wait on /health
+and a warm-up reply, sample the resident memory of the process tree, stop."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import mlxd
+
+SIDES = ("mlx_lm", "mlxd")
+LABEL = {"mlx_lm": "mlx-lm", "mlxd": "mlxd"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(side: str, model: str, port: int, batch: int, extra: list[str], data: Path) -> list:
+    """The server's command line; extra flags come last so that they win."""
+    if side == "mlxd":
+        head = ["-m", "mlxd", "serve", "--batch", str(batch), "--data-dir", str(data)]
+    else:
+        head = ["-m", "mlx_lm", "server"]
+    return [sys.executable, *head, "--model", model, "--port", str(port), *extra]
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def _proc_kb(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of `pid` and its descendants: /proc on Linux, `ps` elsewhere (macOS)."""
+    if Path("/proc/self/status").exists():
+        todo, total = [pid], 0
+        while todo:
+            p = todo.pop()
+            total += _proc_kb(p, "VmRSS")
+            todo += _children(p)
+        return total * 1024
+    out = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,rss="], capture_output=True, text=True)
+    rows = [tuple(int(x) for x in line.split()) for line in out.stdout.splitlines() if line]
+    tree, grew = {pid}, True
+    while grew:
+        before = len(tree)
+        tree |= {p for p, pp, _ in rows if pp in tree}
+        grew = len(tree) > before
+    return 1024 * sum(rss for p, _, rss in rows if p in tree)
+
+
+def lifetime_peak_rss_bytes(pid: int) -> int | None:
+    """The kernel's high-water mark of the main process's RSS (Linux only; None elsewhere)."""
+    kb = _proc_kb(pid, "VmHWM")
+    return kb * 1024 if kb else None
+
+
+class RSSSampler(threading.Thread):
+    """Samples the tree's RSS every `interval` seconds; `reset()` starts a new peak window."""
+
+    def __init__(self, pid: int, interval: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.current = self.peak = tree_rss_bytes(pid)
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.current = tree_rss_bytes(self.pid)
+            self.peak = max(self.peak, self.current)
+
+    def reset(self) -> None:
+        self.current = self.peak = tree_rss_bytes(self.pid)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Server:
+    """One server subprocess, its log in `log_dir/<side>.log`."""
+
+    def __init__(self, side: str, cmd: list[str], port: int, log_dir: Path) -> None:
+        self.side, self.cmd, self.port = side, cmd, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_dir / f"{side}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        # The mlxd being benchmarked is the one imported here, installed or not.
+        root = str(Path(mlxd.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+
+    def _check_alive(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(
+                f"{LABEL[self.side]} server exited with code {self.proc.returncode}:\n"
+                + self.log_tail()
+            )
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Poll /health, then send one short untimed request: mlx_lm.server answers /health
+        while its generation thread is still loading the model. Returns seconds to ready."""
+        t0 = time.perf_counter()
+        with httpx.Client(base_url=self.url, timeout=timeout_s) as client:
+            while True:
+                self._check_alive()
+                if time.perf_counter() - t0 > timeout_s:
+                    raise RuntimeError(f"{LABEL[self.side]}: not healthy after {timeout_s} s")
+                try:
+                    if client.get("/health", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.2)
+            body = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 4}
+            r = client.post("/v1/chat/completions", json=body)
+            if r.status_code != 200:
+                raise RuntimeError(f"{LABEL[self.side]} warm-up: HTTP {r.status_code}: {r.text}")
+        return time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float] | None:
+        """The memory and KV gauges of the server's /metrics (mlxd has one, mlx_lm.server not):
+        they see what the RSS may not (e.g. KV reserved on a GPU); None without /metrics."""
+        try:
+            r = httpx.get(self.url + "/metrics", timeout=10)
+        except httpx.HTTPError:
+            return None
+        if r.status_code != 200:
+            return None
+        out: dict[str, float] = {}
+        for line in r.text.splitlines():
+            if line[:1] not in ("", "#") and any(k in line for k in ("memory", "kv_")):
+                name, _, value = line.rpartition(" ")
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    pass
+        return out
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "Server":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

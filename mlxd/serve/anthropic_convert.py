@@ -1,0 +1,356 @@
+"""Anthropic Messages requests in the shapes the chat template knows (OpenAI-style messages
+and function tools), and the Anthropic fields in the shape of every endpoint's GenParams.
+
+- `system` (a string or text blocks) becomes the first message, role `system`.
+- Text blocks of one turn are joined with a newline.
+- Assistant `tool_use` blocks become `tool_calls` ({id, type: function, function: {name,
+  arguments}}) with `arguments` a dict, as templates expect after mlx_lm.server's parsing.
+- User `tool_result` blocks become `tool` messages ({tool_call_id, content}) in their place.
+- Assistant `thinking` blocks become `reasoning_content` (Qwen3-style templates render it;
+  others ignore it); `redacted_thinking` blocks are dropped.
+- `thinking: {type: enabled | adaptive | disabled}` becomes the template argument
+  `enable_thinking` (true / true / false).
+- A conversation ending with an assistant turn is a prefill: the reply continues that text.
+- What cannot be honoured is refused with a 400 naming it, never silently dropped: images,
+  documents, server tools, and what needs constrained decoding (`tool_choice` `any` / `tool`,
+  `output_config.format`). Fields that change nothing here are accepted and ignored:
+  `metadata`, `output_config.effort`, `thinking.budget_tokens`, `cache_control`, a tool's
+  `strict`, `service_tier` and the like.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import bad_request
+from .params import NUM, GenParams, check
+from .prompt import Prompt, chat_prompt, initial_state
+
+ROLES = ("user", "assistant")
+_UNSUPPORTED_BLOCKS = {
+    "image": "images are not supported by this server (content block type 'image')",
+    "document": "documents are not supported by this server (content block type 'document')",
+}
+
+
+@dataclass
+class Conversation:
+    """What the chat template gets for one Messages request."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    template_args: dict[str, Any] = field(default_factory=dict)
+    prefill: bool = False  # the last message is the assistant's: continue it
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    """A message's content as a list of blocks (a string is one text block)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise bad_request(f"{where}: content must be a string or a list of content blocks")
+    for j, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise bad_request(f"{where}.content.{j}: a content block must be an object with a type")
+    return content
+
+
+def _refuse_block(kind: str, where: str) -> None:
+    message = _UNSUPPORTED_BLOCKS.get(kind, f"content block type '{kind}' is not supported here")
+    raise bad_request(f"{where}: {message}")
+
+
+def _text(block: dict[str, Any], where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise bad_request(f"{where}: a text block needs a string 'text'")
+    return text
+
+
+def system_message(system: Any) -> dict[str, Any] | None:
+    if system is None:
+        return None
+    if isinstance(system, str):
+        return {"role": "system", "content": system} if system else None
+    if not isinstance(system, list):
+        raise bad_request("system must be a string or a list of text blocks", "system")
+    texts = []
+    for j, block in enumerate(system):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise bad_request(f"system.{j}: only text blocks are supported in system", "system")
+        texts.append(_text(block, f"system.{j}"))
+    return {"role": "system", "content": "\n".join(texts)} if texts else None
+
+
+def _tool_result_text(block: dict[str, Any], where: str) -> str:
+    content = block.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where}: tool_result content must be a string or a list of blocks")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            _refuse_block(str(kind), f"{where}.content.{j}")
+        texts.append(_text(part, f"{where}.content.{j}"))
+    return "\n".join(texts)
+
+
+def _user_turn(content: Any, where: str) -> list[dict[str, Any]]:
+    """A user turn: its text, with each tool_result as a `tool` message in its place."""
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+
+    def flush() -> None:
+        if texts:
+            out.append({"role": "user", "content": "\n".join(texts)})
+            texts.clear()
+
+    for j, block in enumerate(_blocks(content, where)):
+        at, kind = f"{where}.content.{j}", block["type"]
+        if kind == "text":
+            texts.append(_text(block, at))
+        elif kind == "tool_result":
+            tool_use_id = block.get("tool_use_id")
+            if not isinstance(tool_use_id, str):
+                raise bad_request(f"{at}: a tool_result block needs a string 'tool_use_id'")
+            if not isinstance(block.get("is_error", False), bool | None):
+                raise bad_request(f"{at}: is_error must be a boolean")
+            flush()
+            text = _tool_result_text(block, at)
+            out.append({"role": "tool", "tool_call_id": tool_use_id, "content": text})
+        else:
+            _refuse_block(kind, at)
+    flush()
+    if not out:
+        out.append({"role": "user", "content": ""})
+    return out
+
+
+def _assistant_turn(content: Any, where: str) -> dict[str, Any]:
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(_blocks(content, where)):
+        at, kind = f"{where}.content.{j}", block["type"]
+        if kind == "text":
+            texts.append(_text(block, at))
+        elif kind == "thinking":
+            if not isinstance(block.get("thinking"), str):
+                raise bad_request(f"{at}: a thinking block needs a string 'thinking'")
+            thinking.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue  # encrypted reasoning of another model: nothing a template can render
+        elif kind == "tool_use":
+            name, call_id, args = block.get("name"), block.get("id"), block.get("input")
+            if not isinstance(name, str) or not isinstance(call_id, str):
+                raise bad_request(f"{at}: a tool_use block needs a string 'id' and 'name'")
+            if not isinstance(args, dict):
+                raise bad_request(f"{at}: a tool_use block's 'input' must be an object")
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": args},
+            }
+            calls.append(call)
+        else:
+            _refuse_block(kind, at)
+    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if thinking:
+        message["reasoning_content"] = "\n".join(thinking)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def convert_messages(messages: Any, system: Any = None) -> list[dict[str, Any]]:
+    """Anthropic `system` + `messages` -> OpenAI-style chat messages."""
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list", "messages")
+    out: list[dict[str, Any]] = []
+    if (sys := system_message(system)) is not None:
+        out.append(sys)
+    for i, m in enumerate(messages):
+        where = f"messages.{i}"
+        if not isinstance(m, dict):
+            raise bad_request(f"{where}: a message must be an object", "messages")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{where}: role must be 'user' or 'assistant'", "messages")
+        if "content" not in m:
+            raise bad_request(f"{where}: content is required", "messages")
+        if role == "user":
+            out.extend(_user_turn(m["content"], where))
+        else:
+            out.append(_assistant_turn(m["content"], where))
+    return out
+
+
+def convert_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Anthropic client tools {name, description, input_schema} -> OpenAI function tools."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise bad_request("tools must be a list", "tools")
+    out = []
+    for j, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise bad_request(f"tools.{j}: a tool must be an object", "tools")
+        kind = tool.get("type")
+        if kind not in (None, "custom"):
+            raise bad_request(
+                f"tools.{j}: server tools (type '{kind}') are not supported; define the tool "
+                "with name, description and input_schema",
+                "tools",
+            )
+        name, schema, desc = tool.get("name"), tool.get("input_schema"), tool.get("description")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"tools.{j}: a tool needs a string 'name'", "tools")
+        if not isinstance(schema, dict):
+            raise bad_request(f"tools.{j}: input_schema must be an object", "tools")
+        if desc is not None and not isinstance(desc, str):
+            raise bad_request(f"tools.{j}: description must be a string", "tools")
+        function: dict[str, Any] = {"name": name}
+        if desc is not None:
+            function["description"] = desc
+        function["parameters"] = schema
+        out.append({"type": "function", "function": function})
+    return out or None
+
+
+def tool_choice_tools(tools: list[dict] | None, choice: Any) -> list[dict] | None:
+    """`auto` (the default) shows the tools, `none` hides them; `any` and a named tool need
+    constrained decoding, which is refused until structured outputs land."""
+    if choice is None:
+        return tools
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "auto":
+        return tools
+    if kind == "none":
+        return None
+    if kind in ("any", "tool"):
+        raise bad_request(
+            f"tool_choice '{kind}' needs constrained decoding, which this server does not "
+            "support yet; use 'auto' or 'none'",
+            "tool_choice",
+        )
+    raise bad_request(
+        "tool_choice must be an object with type 'auto', 'none', 'any' or 'tool'", "tool_choice"
+    )
+
+
+def thinking_args(thinking: Any) -> dict[str, Any]:
+    """`thinking` -> `enable_thinking` for Qwen3-style templates (others ignore it)."""
+    if thinking is None:
+        return {}
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind in ("enabled", "adaptive"):
+        budget = thinking.get("budget_tokens")
+        if budget is not None:
+            check("thinking.budget_tokens", integer(budget), int, lo=0)
+        return {"enable_thinking": True}
+    if kind == "disabled":
+        return {"enable_thinking": False}
+    raise bad_request(
+        "thinking must be an object with type 'enabled', 'adaptive' or 'disabled'", "thinking"
+    )
+
+
+def refuse_output_format(config: Any) -> None:
+    """`output_config.format` (structured outputs) needs constrained decoding: refused;
+    `effort` is a hint this server has nothing to map to, so it is accepted."""
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        raise bad_request("output_config must be an object", "output_config")
+    if not isinstance(config.get("effort"), str | None):
+        raise bad_request("output_config.effort must be a string", "output_config")
+    if config.get("format") is not None:
+        raise bad_request(
+            "output_config.format (structured outputs) needs constrained decoding, which this "
+            "server does not support yet",
+            "output_config",
+        )
+
+
+def convert_request(body: dict[str, Any], server_template_args: dict[str, Any]) -> Conversation:
+    """The template inputs of a `/v1/messages` or `/v1/messages/count_tokens` body."""
+    refuse_output_format(body.get("output_config"))
+    messages = convert_messages(body.get("messages"), body.get("system"))
+    tools = tool_choice_tools(convert_tools(body.get("tools")), body.get("tool_choice"))
+    template_args = {**server_template_args, **thinking_args(body.get("thinking"))}
+    last = messages[-1]
+    prefill = last["role"] == "assistant"
+    if prefill and last.get("tool_calls"):
+        raise bad_request(
+            "the last message is an assistant turn with tool_use blocks; send the results "
+            "as tool_result blocks in a user turn",
+            "messages",
+        )
+    return Conversation(messages, tools, template_args, prefill)
+
+
+def render(tokenizer: Any, conv: Conversation) -> Prompt:
+    """The prompt tokens, as the OpenAI endpoint renders them; a prefill continues the last
+    assistant turn (the template's `continue_final_message`) instead of opening a new one."""
+    if not conv.prefill or not tokenizer.has_chat_template:
+        return chat_prompt(tokenizer, conv.messages, conv.tools, conv.template_args)
+    try:
+        tokens = tokenizer.apply_chat_template(
+            conv.messages,
+            tools=conv.tools,
+            tokenize=True,
+            continue_final_message=True,
+            **conv.template_args,
+        )
+    except Exception as e:  # noqa: BLE001 - a template rejecting the conversation is the caller's
+        raise bad_request(f"the chat template rejected the messages: {e}", "messages") from e
+    if isinstance(tokens, dict):
+        tokens = tokens["input_ids"]
+    return Prompt(list(tokens), initial_state(tokenizer, list(tokens)))
+
+
+def stop_sequences(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
+        raise bad_request("stop_sequences must be a list of strings", "stop_sequences")
+    return [w for w in value if w]
+
+
+def integer(value: Any) -> Any:
+    """An integral float (`5.0`) as the int it is (JSON Schema and Anthropic accept it)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def read_params(body: dict[str, Any], defaults: Any) -> GenParams:
+    """max_tokens (required), temperature, top_p, top_k, stop_sequences; the server's sampling
+    defaults (`--temp`, `--top-p`, `--top-k`, `--min-p`) for what the request leaves out."""
+
+    def g(key: str, default: Any = None) -> Any:
+        value = body.get(key)
+        return default if value is None else value
+
+    if body.get("max_tokens") is None:
+        raise bad_request("max_tokens: Field required", "max_tokens")
+    if not isinstance(body.get("metadata"), dict | None):
+        raise bad_request("metadata must be an object", "metadata")
+    return GenParams(
+        max_tokens=check("max_tokens", integer(body["max_tokens"]), int, lo=1),
+        temperature=check("temperature", g("temperature", defaults.temp), NUM, lo=0),
+        top_p=check("top_p", g("top_p", defaults.top_p), NUM, lo=0, hi=1),
+        top_k=check("top_k", integer(g("top_k", defaults.top_k)), int, lo=0),
+        min_p=defaults.min_p,
+        stop=stop_sequences(body.get("stop_sequences")),
+    )
+
+
+def model_name(body: dict[str, Any]) -> str:
+    name = body.get("model")
+    if name is None:
+        raise bad_request("model: Field required", "model")
+    if not isinstance(name, str):
+        raise bad_request("model must be of type str", "model")
+    return name

@@ -1,0 +1,134 @@
+"""`mlxd bench serve` end to end on the tiny qwen3 model against both real servers (subprocesses
+on free ports), and its statistics on hand-made numbers. Nothing here asserts a speed."""
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mlxd.bench.fleet import aggregate, build_workload, text_of_tokens
+from mlxd.bench.serve import summarize
+from mlxd.cli import main
+
+AGENTS, TURNS, MAX_TOKENS = (1, 2), 2, 8
+
+
+def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[..., Path]) -> None:
+    out, md, png = tmp_path / "serve.json", tmp_path / "serve.md", tmp_path / "serve.png"
+    argv = ["bench", "serve", "--model", str(tiny_model("qwen3")), "--agents", "1,2"]
+    argv += ["--turns", str(TURNS), "--max-tokens", str(MAX_TOKENS), "--system-tokens", "200"]
+    argv += ["--json", str(out), "--markdown", str(md), "--plot", str(png)]
+    main([*argv, "--log-dir", str(tmp_path / "logs")])  # returns normally: no failed request
+    result = json.loads(out.read_text())
+    assert set(result["sides"]) == {"mlx_lm", "mlxd"}
+    # <|im_end|> is the tiny model's EOS; the other added tokens are control markers.
+    assert 151645 in result["eos_ids"] and 151645 in result["banned_token_ids"]
+    for side, data in result["sides"].items():
+        assert data["ready_s"] > 0 and data["idle_rss_gb"] > 0.01
+        assert data["cap"] == (2 if side == "mlxd" else 32)
+        for n in AGENTS:
+            (run,) = data["runs"][str(n)]
+            fig, reqs = run["figures"], run["requests"]
+            assert len(reqs) == fig["requests"] == n * TURNS
+            assert sorted((r["agent"], r["turn"]) for r in reqs) == [
+                (a, t) for a in range(n) for t in range(TURNS)
+            ]
+            # EOS banned: every turn generates exactly max_tokens.
+            assert [r["completion_tokens"] for r in reqs] == [MAX_TOKENS] * len(reqs)
+            assert fig["output_tokens"] == n * TURNS * MAX_TOKENS
+            assert fig["errors"] == fig["short_replies"] == 0
+            assert all(r["finish_reason"] == "length" for r in reqs)
+            # The history grows: turn 2's prompt holds turn 1's prompt, reply and a new message.
+            for a in range(n):
+                first, second = (
+                    r for r in sorted(reqs, key=lambda r: r["turn"]) if r["agent"] == a
+                )
+                assert 200 <= first["prompt_tokens"] < second["prompt_tokens"]
+            for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_ms", "itl_p99_ms", "peak_rss_gb"):
+                assert fig[key] > 0, (side, n, key)
+            assert fig["ttft_p50_s"] <= fig["ttft_p99_s"] and fig["output_tok_s"] > 0
+    summary = result["summary"]
+    assert set(summary) == {"1", "2"}
+    assert summary["2"]["ratio"]["output_tok_s"] > 0
+    table = md.read_text()
+    assert "| 2 | mlxd |" in table and "| 2 | mlx-lm |" in table and "mlxd/mlx-lm" in table
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def _req(ttft: float, chunks: list[float], tokens: int, error: str | None = None) -> dict:
+    return {
+        "ttft_s": ttft,
+        "chunk_s": chunks,
+        "completion_tokens": tokens,
+        "prompt_tokens": 100,
+        "cached_tokens": 10,
+        "error": error,
+    }
+
+
+def test_aggregate_on_hand_made_numbers() -> None:
+    recs = [
+        _req(0.1, [0.1, 0.2, 0.4], 3),  # gaps 100, 200 ms
+        _req(0.3, [0.3, 0.6], 2),  # gap 300 ms, a short reply
+        _req(0.2, [0.2, 0.25, 0.3], 3),  # gaps 50, 50 ms
+        _req(0.0, [], 0, error="HTTP 500"),  # failed: counted, not measured
+    ]
+    fig = aggregate(recs, wall_s=2.0, max_tokens=3)
+    assert fig["requests"] == 4 and fig["errors"] == 1 and fig["short_replies"] == 1
+    assert fig["output_tokens"] == 8 and fig["output_tok_s"] == 4.0
+    assert fig["prompt_tokens"] == 300 and fig["cached_tokens"] == 30 and fig["chunks"] == 8
+    # Nearest rank: p50 of (0.1, 0.2, 0.3) is 0.2, p99 the slowest.
+    assert fig["ttft_p50_s"] == 0.2 and fig["ttft_p99_s"] == 0.3
+    # Gaps 50, 50, 100, 200, 300 ms: p50 is the 3rd, p99 the 5th.
+    assert fig["itl_p50_ms"] == pytest.approx(100.0)
+    assert fig["itl_p99_ms"] == pytest.approx(300.0)
+    empty = aggregate([], wall_s=1.0, max_tokens=3)
+    assert empty["ttft_p50_s"] is None and empty["itl_p99_ms"] is None
+
+
+def test_summarize_medians_spreads_and_ratios() -> None:
+    def fig(tps: float, ttft: float) -> dict:
+        keys = ("itl_p50_ms", "itl_p99_ms", "peak_rss_gb", "ttft_p99_s")
+        base = dict.fromkeys(keys, 1.0) | {"requests": 4, "output_tokens": 32}
+        return {"figures": base | {"output_tok_s": tps, "ttft_p50_s": ttft}}
+
+    runs = {
+        "mlx_lm": {"runs": {"4": [fig(10, 1.0), fig(20, 3.0), fig(30, 2.0)]}},
+        "mlxd": {"runs": {"4": [fig(40, 1.0), fig(60, 0.5), fig(50, 2.0)]}},
+    }
+    per = summarize({"sides": runs}, [4])["4"]
+    assert per["mlx_lm"]["output_tok_s"]["median"] == 20
+    assert (per["mlxd"]["output_tok_s"]["min"], per["mlxd"]["output_tok_s"]["max"]) == (40, 60)
+    assert per["ratio"]["output_tok_s"] == pytest.approx(2.5)
+    assert per["ratio"]["ttft_p50_s"] == pytest.approx(0.5)
+    assert per["mlxd"]["requests"] == 4 and per["mlxd"]["output_tokens"] == 32
+
+
+class CharTokenizer:
+    """One token per character: counts are easy to check by hand."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_prompt_words_are_deterministic_and_just_long_enough() -> None:
+    tok = CharTokenizer()
+    text = text_of_tokens(tok, random.Random("s"), 300)
+    assert text == text_of_tokens(tok, random.Random("s"), 300)
+    assert len(text) >= 300 and len(text.rsplit(" ", 1)[0]) < 300  # the fewest words
+    a = build_workload(tok, 3, 2, 8, 100, "0:n3:r0", [7])
+    b = build_workload(tok, 3, 2, 8, 100, "0:n3:r0", [7])
+    c = build_workload(tok, 3, 2, 8, 100, "0:n8:r0", [7])
+    assert a == b and a.system != c.system  # same per run, distinct across N
+    assert len(set(a.tasks)) == 3 and [len(f) for f in a.followups] == [1, 1, 1]
+    body = a.body([{"role": "user", "content": "x"}])
+    assert body["logit_bias"] == {"7": -1e4} and body["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize("agents", ["0,2", "a", ""])
+def test_bench_serve_refuses_bad_agent_lists(agents: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "serve", "--agents", agents])
+    assert e.value.code not in (0, None)
