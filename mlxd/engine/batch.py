@@ -14,7 +14,7 @@ from mlx_lm.generate import BatchGenerator
 from .handle import RequestHandle
 from .output import RowOutput
 from .request import DoneEvent, GenerationRequest, TokenEvent
-from .rng import current_key
+from .rng import current_key, repair_key
 from .sampling import Key, KeyedSampler
 
 
@@ -141,7 +141,11 @@ class BatchedRows:
         return events
 
     def close(self) -> None:
-        self.final_key = current_key()  # the thread's PRNG key after the batch's last draw
+        try:
+            self.final_key = current_key()  # the thread's PRNG key after the batch's last draw
+        except RuntimeError:  # a failed step left the key unevaluable
+            self.final_key = None
+            repair_key()
         self._stats_window.__exit__(None, None, None)
         self.gen.close()
         mx.clear_cache()

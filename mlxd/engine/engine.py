@@ -8,6 +8,7 @@ batched step cannot run (quantized KV, ...) run alone, never silently downgraded
 
 import atexit
 import collections
+import logging
 import threading
 import time
 import weakref
@@ -26,13 +27,14 @@ from .materialize import materialize
 from .moves import Serial, last_row_out, serial_into_batch
 from .output import RowOutput, prepare
 from .request import DoneEvent, GenerationRequest, TokenEvent
-from .rng import KeyOwner, set_key
+from .rng import KeyOwner, repair_key, set_key
 from .serial import SerialRow, validate
 from .threads import run_on_worker
 
 __all__ = ["Engine", "Overloaded"]
 
 _live: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+log = logging.getLogger("mlxd.engine")
 
 
 @atexit.register
@@ -265,6 +267,7 @@ class Engine:
         try:
             events = batch.step() if len(batch) else []
         except Exception as e:  # noqa: BLE001 - a failed step ends the rows in it, not the engine
+            log.exception("batched step failed; its rows end with the error")
             events = [(r.handle, r.out.done("error", e)) for r in batch.rows.values()]
             batch.rows.clear()
         if self.serial_fast_path and len(batch) == 1 and not self.admission.waiting:
@@ -288,15 +291,35 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
-            self._admit()
-            if self.admission.closed:
-                self._shutdown()
-                return
-            tic = time.perf_counter()
-            if self._forks:
-                self._fork_turn()
-            if self._serial is not None:
-                self._serial_turn()
-            if self._batch is not None:
-                self._batch_turn()
-            self._busy_s += time.perf_counter() - tic
+            try:
+                self._admit()
+                if self.admission.closed:
+                    self._shutdown()
+                    return
+                tic = time.perf_counter()
+                if self._forks:
+                    self._fork_turn()
+                if self._serial is not None:
+                    self._serial_turn()
+                if self._batch is not None:
+                    self._batch_turn()
+                self._busy_s += time.perf_counter() - tic
+            except Exception as e:  # noqa: BLE001 - the loop must outlive any one turn's failure
+                log.exception("engine turn failed; its rows end with the error")
+                self._fail_running(e)
+
+    def _fail_running(self, error: Exception) -> None:
+        """End every running row with `error` and start clean (the queue keeps waiting)."""
+        handles = self._active()
+        handles += [h for group in self._groups.values() for h in group]
+        self._serial, self._alone, self._forks, self._groups = None, False, [], {}
+        if self._batch is not None:
+            try:
+                self._batch.gen.close()
+            except Exception:  # noqa: BLE001 - it is being discarded anyway
+                pass
+            self._batch = None
+        self._keys = KeyOwner()
+        repair_key()
+        for handle in handles:
+            handle.put(DoneEvent("error", error))

@@ -22,6 +22,7 @@ def prepare(req: GenerationRequest) -> None:
     thread, before submit returns, so a bad parameter raises there)."""
     req.draws = None
     if req.sampling is not None:
+        req.sampling.validate()
         if req.sampler is None:
             req.sampler = req.sampling.sampler()
             req.draws = req.sampling.draws

@@ -10,6 +10,15 @@ def current_key() -> tuple[int, int]:
     return int(hi), int(lo)
 
 
+def repair_key() -> None:
+    """A step that failed inside a compiled sampler can leave the thread's key unevaluable;
+    give the thread a readable key again (the next seeded row sets its own anyway)."""
+    try:
+        current_key()
+    except RuntimeError:
+        mx.random.seed(0)
+
+
 def set_key(key: tuple[int, int]) -> None:
     """Make this thread's key exactly `key` (mx.random.key(s) is [s >> 32, s & 0xffffffff])."""
     mx.random.seed((key[0] << 32) | key[1])

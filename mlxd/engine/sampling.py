@@ -37,6 +37,21 @@ class SamplingParams:
     frequency_penalty: float | None = None
     frequency_context_size: int | None = 20
 
+    def validate(self) -> None:
+        """mlx-lm's samplers check some bounds only when they first run, inside a step that
+        other rows share: check them all at submit instead."""
+        checks = [
+            (self.temp >= 0, "temp must be >= 0"),
+            (0 <= self.top_p <= 1, "top_p must be in [0, 1]"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (0 <= self.xtc_probability <= 1, "xtc_probability must be in [0, 1]"),
+            (0 <= self.xtc_threshold <= 0.5, "xtc_threshold must be in [0, 0.5]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
     @property
     def draws(self) -> int:
         """Keys the sampler takes per token: categorical, plus XTC's coin when it is on."""

@@ -100,7 +100,8 @@ def read_params(body: dict[str, Any], defaults: Any) -> GenParams:
         min_p=check("min_p", g("min_p", defaults.min_p), NUM, lo=0, hi=1),
         # mlx-lm requires real floats for the XTC fields (an int 0 is refused there too).
         xtc_probability=check("xtc_probability", g("xtc_probability", 0.0), float, lo=0, hi=1),
-        xtc_threshold=check("xtc_threshold", g("xtc_threshold", 0.1), float, lo=0, hi=1),
+        # mlx-lm's server allows up to 1, but its XTC sampler raises above 0.5 mid-step.
+        xtc_threshold=check("xtc_threshold", g("xtc_threshold", 0.1), float, lo=0, hi=0.5),
         repetition_penalty=check("repetition_penalty", g("repetition_penalty", 0.0), NUM, lo=0),
         repetition_context_size=check(
             "repetition_context_size", g("repetition_context_size", 20), int, lo=0, hi=INT32

@@ -15,7 +15,7 @@ _SAMPLING: dict[str, Any] = {
     "presence_penalty": {"type": "number", "minimum": -1e6, "maximum": 1e6},
     "frequency_penalty": {"type": "number", "minimum": -1e6, "maximum": 1e6},
     "xtc_probability": {"type": "number", "minimum": 0, "maximum": 1},
-    "xtc_threshold": {"type": "number", "minimum": 0, "maximum": 1},
+    "xtc_threshold": {"type": "number", "minimum": 0, "maximum": 0.5},
     "logit_bias": {
         "type": "object",
         "propertyNames": {"pattern": "^[0-9]+$"},

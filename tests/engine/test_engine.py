@@ -197,3 +197,68 @@ def test_token_events_carry_logprob_top_logprobs_and_finish(model, concurrent: i
                 assert all(lp == vector[i] for i, lp in e.top_logprobs)
     finally:
         engine.close()
+
+
+def test_a_bad_sampler_bound_is_refused_at_submit_and_the_engine_serves_on(model) -> None:
+    """mlx-lm's XTC checks its threshold only when it first samples, inside a step the whole
+    batch shares; the engine checks it at submit, so no running row is hurt."""
+    from mlxd.engine.sampling import SamplingParams
+
+    engine = Engine(model, batch=4)
+    try:
+        running = engine.submit(GenerationRequest(prompt=mx.array(PROMPTS[0]), max_tokens=8))
+        bad = GenerationRequest(
+            prompt=mx.array(PROMPTS[1]),
+            max_tokens=4,
+            sampling=SamplingParams(temp=1.0, xtc_probability=0.5, xtc_threshold=0.7),
+        )
+        with pytest.raises(ValueError, match=r"xtc_threshold must be in \[0, 0.5\]"):
+            engine.submit(bad)
+        assert len(list(running)) == 8 and running.done.reason == "length"
+    finally:
+        engine.close()
+
+
+def test_a_failing_batched_step_ends_its_rows_and_the_engine_serves_on(model) -> None:
+    """A sampler that raises inside the batched step ends the rows of that step with the
+    error; the engine thread survives and serves the next request."""
+
+    def broken(logprobs: mx.array) -> mx.array:
+        raise RuntimeError("sampler exploded")
+
+    engine = Engine(model, batch=4)
+    try:
+        reqs = [
+            GenerationRequest(prompt=mx.array(p), max_tokens=4, sampler=broken) for p in PROMPTS[:2]
+        ]
+        for handle in engine.submit_many(reqs):
+            with pytest.raises(RuntimeError, match="sampler exploded"):
+                list(handle)
+        after = engine.submit(GenerationRequest(prompt=mx.array(PROMPTS[2]), max_tokens=3))
+        assert len(list(after)) == 3 and engine.alive
+    finally:
+        engine.close()
+
+
+def test_an_unexpected_turn_failure_fails_running_rows_not_the_engine(model) -> None:
+    """Whatever escapes a turn (here a deliberately broken serial turn) ends the running rows
+    with that error; the loop goes on and the next request is served."""
+    engine = Engine(model, batch=4)
+    try:
+        real = engine._serial_turn
+        calls = []
+
+        def fail_once() -> None:
+            if not calls:
+                calls.append(1)
+                raise RuntimeError("turn exploded")
+            real()
+
+        engine._serial_turn = fail_once
+        first = engine.submit(GenerationRequest(prompt=mx.array(PROMPTS[0]), max_tokens=4))
+        with pytest.raises(RuntimeError, match="turn exploded"):
+            list(first)
+        after = engine.submit(GenerationRequest(prompt=mx.array(PROMPTS[1]), max_tokens=3))
+        assert len(list(after)) == 3 and engine.alive
+    finally:
+        engine.close()

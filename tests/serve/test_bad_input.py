@@ -66,6 +66,7 @@ WRONG = [
     ("max_completion_tokens", "5"), ("temperature", "hot"), ("temperature", -1),
     ("temperature", True), ("top_p", "x"), ("top_p", 1.5), ("top_k", 1.5), ("top_k", -1),
     ("min_p", "x"), ("min_p", 2), ("xtc_probability", 0), ("xtc_threshold", 1),
+    ("xtc_threshold", 0.7), ("xtc_probability", 1.5),
     ("repetition_penalty", "x"), ("repetition_penalty", -0.5),
     ("repetition_context_size", 1.5), ("presence_penalty", "x"), ("presence_penalty", 1e7),
     ("presence_context_size", "x"), ("frequency_penalty", []), ("frequency_context_size", 2.5),
