@@ -91,15 +91,34 @@ def build_workload(
     return Workload(agents, turns, max_tokens, system, tasks, followups, banned)
 
 
+# Connection attempts per request: mlx_lm.server's listen backlog is socketserver's 5, so
+# 32 agents connecting at once see refused or reset connections; a client retries them.
+CONNECT_ATTEMPTS = 8
+
+
 async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
-    """One streamed request, timed at the client: `chunk_s` holds the arrival time (after the
-    send) of every chunk that carries text, reasoning or tool calls."""
+    """One streamed request, timed at the client from its first attempt: `chunk_s` holds the
+    arrival time of every chunk that carries text, reasoning or tool calls. A connection
+    dropped before any answer is retried (counted in `retries`), as a real client would."""
+    t0 = time.perf_counter()
+    for attempt in range(CONNECT_ATTEMPTS):
+        rec = await _attempt(client, body, t0)
+        rec["retries"] = attempt
+        if not rec.pop("retryable") or attempt == CONNECT_ATTEMPTS - 1:
+            return rec
+        await asyncio.sleep(0.05 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], t0: float) -> dict[str, Any]:
     rec: dict[str, Any] = {"ttft_s": None, "chunk_s": [], "error": None, "finish_reason": None}
+    rec["retryable"] = False
     usage: dict[str, Any] = {}
     text: list[str] = []
-    t0 = time.perf_counter()
+    answered = False
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            answered = True
             if r.status_code != 200:
                 raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
             async for line in r.aiter_lines():
@@ -116,6 +135,7 @@ async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[s
                     rec["finish_reason"] = ch.get("finish_reason") or rec["finish_reason"]
     except Exception as e:  # noqa: BLE001 - recorded, counted, and the agent stops
         rec["error"] = f"{type(e).__name__}: {e}"
+        rec["retryable"] = not answered and isinstance(e, httpx.TransportError)
     rec["ttft_s"] = rec["chunk_s"][0] if rec["chunk_s"] else None
     rec["completion_tokens"] = usage.get("completion_tokens", 0)
     rec["prompt_tokens"] = usage.get("prompt_tokens", 0)

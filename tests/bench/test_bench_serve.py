@@ -132,3 +132,35 @@ def test_bench_serve_refuses_bad_agent_lists(agents: str) -> None:
     with pytest.raises(SystemExit) as e:
         main(["bench", "serve", "--agents", agents])
     assert e.value.code not in (0, None)
+
+
+def test_a_refused_connection_is_retried_and_counted() -> None:
+    """mlx_lm.server's backlog of 5 refuses some of 32 simultaneous connects: the client
+    retries a request that got no answer, and records how often."""
+    import asyncio
+
+    import httpx
+
+    from mlxd.bench.fleet import stream_chat
+
+    attempts = []
+    sse = (
+        'data: {"choices": [{"delta": {"content": "hi"}, "finish_reason": "length"}]}\n\n'
+        'data: {"choices": [], "usage": {"completion_tokens": 1, "prompt_tokens": 3}}\n\n'
+        "data: [DONE]\n\n"
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        attempts.append(1)
+        if len(attempts) <= 2:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(200, text=sse)
+
+    async def go() -> dict:
+        transport = httpx.MockTransport(handler)
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            return await stream_chat(client, {"messages": []})
+
+    rec = asyncio.run(go())
+    assert rec["error"] is None and rec["retries"] == 2 and len(attempts) == 3
+    assert rec["completion_tokens"] == 1 and rec["finish_reason"] == "length"
