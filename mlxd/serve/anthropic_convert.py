@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import bad_request
 from .params import NUM, GenParams, check
-from .prompt import Prompt, chat_prompt, initial_state
+from .prompt import Prompt, chat_prompt
 
 ROLES = ("user", "assistant")
 _UNSUPPORTED_BLOCKS = {
@@ -295,21 +295,9 @@ def convert_request(body: dict[str, Any], server_template_args: dict[str, Any]) 
 def render(tokenizer: Any, conv: Conversation) -> Prompt:
     """The prompt tokens, as the OpenAI endpoint renders them; a prefill continues the last
     assistant turn (the template's `continue_final_message`) instead of opening a new one."""
-    if not conv.prefill or not tokenizer.has_chat_template:
-        return chat_prompt(tokenizer, conv.messages, conv.tools, conv.template_args)
-    try:
-        tokens = tokenizer.apply_chat_template(
-            conv.messages,
-            tools=conv.tools,
-            tokenize=True,
-            continue_final_message=True,
-            **conv.template_args,
-        )
-    except Exception as e:  # noqa: BLE001 - a template rejecting the conversation is the caller's
-        raise bad_request(f"the chat template rejected the messages: {e}", "messages") from e
-    if isinstance(tokens, dict):
-        tokens = tokens["input_ids"]
-    return Prompt(list(tokens), initial_state(tokenizer, list(tokens)))
+    return chat_prompt(
+        tokenizer, conv.messages, conv.tools, conv.template_args, prefill=conv.prefill
+    )
 
 
 def stop_sequences(value: Any) -> list[str]:

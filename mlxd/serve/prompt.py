@@ -69,13 +69,17 @@ def chat_prompt(
     tools: list[dict] | None,
     template_args: dict[str, Any],
     role_mapping: dict | None = None,
+    prefill: bool = False,
 ) -> Prompt:
+    """`prefill`: continue the last assistant turn (the template's `continue_final_message`,
+    Anthropic's prefill) instead of opening a new one."""
     if not tokenizer.has_chat_template:
         tokens = tokenizer.encode(convert_chat(messages, role_mapping))
         return Prompt(tokens, "normal")
+    turn = {"continue_final_message": True} if prefill else {"add_generation_prompt": True}
     try:
         tokens = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tools=tools, tokenize=True, **template_args
+            messages, tools=tools, tokenize=True, **turn, **template_args
         )
     except Exception as e:  # noqa: BLE001 - a template rejecting the conversation is the caller's
         raise bad_request(f"the chat template rejected the messages: {e}", "messages") from e
