@@ -26,12 +26,15 @@ from .waiting import until_done_or_disconnect
 
 
 def tool_choice_tools(body: dict[str, Any]) -> list[dict] | None:
-    """The tools the template sees. `none` hides them; `required` and a named function need
-    constrained decoding, which is refused until structured outputs land."""
     tools = body.get("tools") or None
     if tools is not None and not isinstance(tools, list):
         raise bad_request("tools must be a list", "tools")
-    choice = body.get("tool_choice")
+    return apply_tool_choice(tools, body.get("tool_choice"))
+
+
+def apply_tool_choice(tools: list[dict] | None, choice: Any) -> list[dict] | None:
+    """The tools the template sees (OpenAI chat and Responses). `none` hides them; `required`
+    and a named function need constrained decoding, refused until structured outputs land."""
     if choice is None or choice == "auto":
         return tools
     if choice == "none":

@@ -16,7 +16,7 @@ from .body import read_json
 from .errors import APIError, bad_request
 from .generation import Generation
 from .offload import offload
-from .openai_api import load_model
+from .openai_api import apply_tool_choice, load_model
 from .params import GenParams, check, read_params
 from .prompt import chat_prompt, normalize_messages
 from .responses_convert import chat_tools, flat_tools, input_items, new_id, to_messages
@@ -49,17 +49,6 @@ REQUEST_SCHEMA: dict[str, Any] = {
 # mlx-lm sampling extras a Responses body may carry too (read with chat's rules).
 _EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 _CONSTRAINED = "needs constrained decoding, which this server does not support yet"
-
-
-def _tools_for_template(tools: list[dict] | None, body: dict[str, Any]) -> list[dict] | None:
-    choice = body.get("tool_choice")
-    if choice is None or choice == "auto":
-        return tools
-    if choice == "none":
-        return None
-    if choice == "required" or isinstance(choice, dict):
-        raise bad_request(f"tool_choice 'required' or a named tool {_CONSTRAINED}", "tool_choice")
-    raise bad_request("tool_choice must be 'auto', 'none', 'required' or an object", "tool_choice")
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -101,7 +90,7 @@ class ResponseRequest:
         if metadata is not None and not isinstance(metadata, dict):
             raise bad_request("metadata must be an object", "metadata")
         self.all_tools = chat_tools(body.get("tools"))
-        self.tools = _tools_for_template(self.all_tools, body)
+        self.tools = apply_tool_choice(self.all_tools, body.get("tool_choice"))
         _refuse_unsupported(body)
         self.params = _params(body, state.args)
 
