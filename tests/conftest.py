@@ -7,6 +7,7 @@ so that test modules which need neither pay nothing for them.
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixtures.tiny_models import ARCHS, DEFAULT_SEED
@@ -52,3 +53,18 @@ def loaded_pair(tiny_model: Callable[..., Path]):
 
     yield get
     cache.clear()
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_model: Callable[..., Path]) -> Callable[[str], Any]:
+    """`tiny_lm(arch)`: the tiny `arch` model loaded by mlx_lm.load (once per session)."""
+    from mlx_lm import load
+
+    loaded: dict[str, Any] = {}
+
+    def get(arch: str) -> Any:
+        if arch not in loaded:
+            loaded[arch] = load(str(tiny_model(arch)))[0]
+        return loaded[arch]
+
+    return get

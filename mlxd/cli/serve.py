@@ -64,6 +64,32 @@ def _kv_group(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--prompt-cache-bytes", type=_parse_size, help="Maximum size in bytes of the KV caches"
     )
+    g.add_argument(
+        "--ssd-cache",
+        type=str,
+        default=None,
+        metavar="DIR",
+        help="keep prompt caches on disk in DIR too: they survive restarts and RAM evictions",
+    )
+    g.add_argument(
+        "--ssd-cache-max",
+        type=_parse_size,
+        default="32GB",
+        help="maximum bytes of the disk tier (least recently used files go first)",
+    )
+    g.add_argument(
+        "--ssd-demote-idle",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="with --ssd-cache: prompt caches unused this long leave RAM for disk",
+    )
+    g.add_argument(
+        "--prefix-deterministic",
+        action="store_true",
+        help="a prompt-cache hit gives the same bits as a miss: prefill chunks and hits on a "
+        "fixed grid of --prefill-step-size tokens, for rows prefilled alone",
+    )
 
 
 def _engine_group(p: argparse.ArgumentParser) -> None:

@@ -59,11 +59,21 @@ class Admission:
         self._need[id(handle)] = need
         return True
 
+    def push_front(self, items: list[Waiting]) -> None:
+        """Requests the engine took but sends back to wait (ahead of later arrivals)."""
+        with self.wake:
+            self.waiting.extendleft(reversed(items))
+
     def take(
-        self, active: Callable[[], list[RequestHandle]], alone: bool, busy: bool
+        self,
+        active: Callable[[], list[RequestHandle]],
+        alone: bool,
+        busy: bool,
+        defer: Callable[[GenerationRequest], bool] | None = None,
     ) -> list[Waiting]:
         """FIFO joiners for this turn (blocks while the engine is idle). A request that cannot
-        be batched is taken only when nothing else runs, and then alone."""
+        be batched is taken only when nothing else runs, and then alone. One that `defer`
+        holds back keeps its place while later ones go ahead."""
         if busy and not self.waiting and not self.closed:
             return []  # the per-token fast path: no lock, nothing to admit
         with self.wake:
@@ -72,11 +82,15 @@ class Admission:
             running = active()
             live = {id(h) for h in running}
             joiners: list[Waiting] = []
-            while self.waiting and not alone:
-                req, handle = self.waiting[0]
+            i = 0
+            while i < len(self.waiting) and not alone:
+                req, handle = self.waiting[i]
                 if handle.cancelled and req.n == 1:  # a group's siblings end in the engine
-                    self.waiting.popleft()
+                    del self.waiting[i]
                     handle.put(DoneEvent("cancelled"))
+                    continue
+                if defer is not None and defer(req):
+                    i += 1
                     continue
                 if len(running) + sum(r.n for r, _ in joiners) + req.n > self.cap:
                     break
@@ -85,7 +99,8 @@ class Admission:
                     break  # it waits until it can run alone
                 if not self._fits(req, handle, live | {id(h) for _, h in joiners}):
                     break  # it waits until enough KV is free
-                joiners.append(self.waiting.popleft())
+                joiners.append(self.waiting[i])
+                del self.waiting[i]
                 alone = solo
             return joiners
 

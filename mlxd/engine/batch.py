@@ -11,8 +11,10 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
+from ..store.layers import clone
 from .handle import RequestHandle
 from .output import RowOutput
+from .prefix import Plan, PrefixSharing
 from .request import DoneEvent, GenerationRequest, TokenEvent
 from .rng import current_key, repair_key
 from .sampling import Key, KeyedSampler
@@ -28,6 +30,9 @@ class BatchedRow:
     generated: list[int] = field(default_factory=list)
 
     keyed: KeyedSampler | None = None
+    plan: Plan | None = None  # the prefix store's plan for this row
+    cuts: list[int] = field(default_factory=list)  # snapshot positions still ahead of it
+    offset: int = 0  # tokens in its cache when it was inserted
 
     def sampler(self):
         if self.key is None or self.req.draws is None or self.req.sampler is None:
@@ -66,7 +71,10 @@ def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:
 class BatchedRows:
     """The batched rows of one engine (created when a second row joins)."""
 
-    def __init__(self, model: Any, config: BatchConfig) -> None:
+    def __init__(
+        self, model: Any, config: BatchConfig, sharing: PrefixSharing | None = None
+    ) -> None:
+        self.sharing = sharing
         self.gen = BatchGenerator(
             model,
             completion_batch_size=config.completion_batch_size,
@@ -90,8 +98,12 @@ class BatchedRows:
     ) -> None:
         """Queue rows for batched prefill; a row with a cache continues from it."""
         reqs = [r.req for r in rows]
-        uids = self.gen.insert(
-            prompts,
+        histories = histories or [[] for _ in rows]
+        segments = [
+            self._segments(r, p, h) for r, p, h in zip(rows, prompts, histories, strict=True)
+        ]
+        uids = self.gen.insert_segments(
+            segments,
             max_tokens=[r.req.max_tokens - len(r.generated) for r in rows],
             caches=caches if caches and any(c is not None for c in caches) else None,
             all_tokens=histories,
@@ -103,7 +115,42 @@ class BatchedRows:
             row.uid = uid
             self.rows[uid] = row
 
+    @staticmethod
+    def _segments(row: BatchedRow, feed: list[int], history: list[int]) -> list[list[int]]:
+        """The feed cut at the row's snapshot points (BatchGenerator's segments)."""
+        row.offset = len(history)
+        row.cuts = [c for c in row.cuts if row.offset < c < row.offset + len(feed)]
+        segments, at = [], row.offset
+        for c in row.cuts:
+            segments.append(feed[at - row.offset : c - row.offset])
+            at = c
+        return [*segments, feed[at - row.offset :]]
+
+    def _snapshots(self, prompt_responses: list[Any]) -> None:
+        """Rows whose prefill just reached a snapshot point hand a copy to the store."""
+        for r in prompt_responses:
+            row = self.rows.get(r.uid)
+            if row is None or row.plan is None or not row.cuts or not r.end_of_segment:
+                continue
+            at = row.offset + r.progress[0]
+            if at != row.cuts[0]:
+                continue
+            row.cuts.pop(0)
+            if r.end_of_prompt:
+                continue
+            cache, tokens = self.gen.extract_cache([r.uid])[r.uid]
+            if len(tokens) == at and self.sharing is not None and row.plan.namespace:
+                self.sharing.snapshot(row.req, row.plan, at, cache)
+
+    def _finished(self, row: BatchedRow, r: Any) -> None:
+        plan = row.plan
+        if self.sharing is not None and plan is not None and plan.namespace and r.prompt_cache:
+            cache = clone(r.prompt_cache) if row.req.return_prompt_cache else r.prompt_cache
+            self.sharing.finish(row.req, plan, list(r.all_tokens), cache, False)
+
     def remove(self, row: BatchedRow) -> None:
+        if self.sharing is not None:
+            self.sharing.forget(row.req)
         self.gen.remove([row.uid])
         self.rows.pop(row.uid, None)
 
@@ -124,7 +171,9 @@ class BatchedRows:
 
     def step(self) -> list[tuple[RequestHandle, TokenEvent | DoneEvent]]:
         """One BatchGenerator turn: a decode step for running rows, a prefill chunk for joiners."""
-        _, responses = self.gen.next()
+        prompt_responses, responses = self.gen.next()
+        if self.sharing is not None:
+            self._snapshots(prompt_responses)
         events: list[tuple[RequestHandle, TokenEvent | DoneEvent]] = []
         for r in responses:
             row = self.rows[r.uid]
@@ -136,6 +185,7 @@ class BatchedRows:
                 done = row.out.done(reason)
                 if row.req.return_prompt_cache:
                     done.prompt_cache = r.prompt_cache
+                self._finished(row, r)
                 events.append((row.handle, done))
                 del self.rows[r.uid]
         return events

@@ -19,6 +19,7 @@ import mlx.core as mx
 # mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
 from mlx_lm.generate import generation_stream
 
+from ..store.layers import clone
 from .admission import Admission, Overloaded
 from .batch import BatchConfig, BatchedRow, BatchedRows, batchable
 from .fork import ForkJob
@@ -26,6 +27,7 @@ from .handle import RequestHandle
 from .materialize import materialize
 from .moves import Serial, last_row_out, serial_into_batch
 from .output import RowOutput, prepare
+from .prefix import Plan, PrefixSharing, cuts_for
 from .request import DoneEvent, GenerationRequest, TokenEvent
 from .rng import KeyOwner, repair_key, set_key
 from .serial import SerialRow, validate
@@ -58,6 +60,8 @@ class Engine:
         kv_budget: int | None = None,
         batch_config: BatchConfig | None = None,
         serial_fast_path: bool = True,
+        prefix_store: Any = None,
+        namespace: str = "",
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
@@ -74,6 +78,8 @@ class Engine:
         self.last_batch_stats: Any = None  # mlx-lm BatchStats of the last finished batch
         self.last_batch_key: tuple[int, int] | None = None  # the PRNG key it ended with
         self.admission = Admission(batch, max_queue, kv_budget, model, self.config)
+        # The prefix store (layer 0), keyed by `namespace`: the model, its adapter, ...
+        self.sharing = PrefixSharing(prefix_store, namespace) if prefix_store is not None else None
         self._serial: Serial | None = None
         self._alone = False  # the serial row cannot share the batched step
         self._batch: BatchedRows | None = None
@@ -162,37 +168,102 @@ class Engine:
     # engine thread
     def _admit(self) -> None:
         busy = self._serial is not None or bool(self._forks) or self._batch is not None
-        joiners = self.admission.take(self._active, self._alone, busy)
+        defer = self.sharing.defer if self.sharing is not None and busy else None
+        joiners = self.admission.take(self._active, self._alone, busy, defer)
         for req, handle in [j for j in joiners if j[0].n > 1]:
             handles = [handle, *self._groups.pop(id(handle), [])]
-            self._forks.append(ForkJob(self.model, req, handles, generation_stream, self.tokenizer))
+            plan = self._plan(req)
+            for h in handles:
+                h.cached_tokens = req.cached_tokens
+            job = ForkJob(self.model, req, handles, generation_stream, self.tokenizer, plan,
+                          self._snapshot(req, plan))  # fmt: skip
+            self._forks.append(job)
             self.paths["forked"] += req.n
-        joiners = [j for j in joiners if j[0].n == 1]
+        joiners, plans = self._share([j for j in joiners if j[0].n == 1])
         if not joiners:
             return
         outs = [RowOutput(req, self.tokenizer, h.submitted) for req, h in joiners]
         solo = len(joiners) == 1 and batchable(joiners[0][0], self.config) is not None
         if not self._active() and len(joiners) == 1 and (self.serial_fast_path or solo):
-            (req, handle), out = joiners[0], outs[0]
+            (req, handle), out, plan = joiners[0], outs[0], plans[0]
             self._alone = solo
             self.paths["alone" if self._alone else "serial"] += 1
             try:
-                self._serial = (SerialRow(self.model, req, generation_stream), handle, out)
+                row = SerialRow(self.model, req, generation_stream, plan, self._snapshot(req, plan))
+                self._serial = (row, handle, out)
             except Exception as e:  # noqa: BLE001 - the caller re-raises it
                 self._alone = False
                 handle.put(out.done("error", e))
             return
         self.paths["batched"] += len(joiners)
-        pairs = zip(joiners, outs, strict=True)
-        rows = [BatchedRow(r, h, o, key=r.random_key) for (r, h), o in pairs]
-        prompts = [req.prompt.tolist() for req, _ in joiners]
-        caches: list[list[Any] | None] = [req.prompt_cache for req, _ in joiners]
-        self._into_batch(rows, prompts, caches, [[] for _ in rows])
+        rows, prompts, caches, histories = [], [], [], []
+        for (req, handle), out, plan in zip(joiners, outs, plans, strict=True):
+            start = plan.start if plan is not None else 0
+            cuts = [c for c, _ in plan.cuts] if plan is not None else []
+            rows.append(BatchedRow(req, handle, out, key=req.random_key, plan=plan, cuts=cuts))
+            prompt = req.prompt.tolist()
+            prompts.append(prompt[start:])
+            caches.append(plan.cache if plan is not None and plan.cache else req.prompt_cache)
+            histories.append(prompt[:start])
+        self._into_batch(rows, prompts, caches, histories)
+
+    def _plan(self, req: GenerationRequest) -> Plan | None:
+        """The store's plan; without the store, the request's prefill cuts still apply (they
+        decide the chunks, so the bits: mlx_lm.server cuts at them either way)."""
+        if self.sharing is None or not self.sharing.eligible(req):
+            return Plan("", cuts=cuts_for(req)) if req.snapshot_at else None
+        return self.sharing.plan(req)
+
+    def _snapshot(self, req: GenerationRequest, plan: Plan | None) -> Any:
+        if plan is None or self.sharing is None or not plan.namespace:
+            return None
+        sharing = self.sharing
+        return lambda at, cache: sharing.snapshot(req, plan, at, cache)
+
+    def _share(self, joiners: list) -> tuple[list, list[Plan | None]]:
+        """Plans for this round's joiners. One that shares a prefix the store lacks with an
+        earlier joiner goes back to wait for that joiner's snapshot of it (one prefill)."""
+        if self.sharing is None:
+            return joiners, [None] * len(joiners)
+        kept: list = []
+        plans: list[Plan | None] = []
+        back = []
+        for req, handle in joiners:
+            donor = None
+            if self.sharing.eligible(req):
+                for (other, _), plan in zip(kept, plans, strict=True):
+                    if plan is not None and (n := self.sharing.shared(req, other)) > plan.start:
+                        donor = (other, plan, n)
+                        break
+            if donor is not None:
+                self.sharing.add_cut(*donor)
+                back.append((req, handle))
+                continue
+            kept.append((req, handle))
+            plans.append(self._plan(req))
+            handle.cached_tokens = req.cached_tokens
+        if back:
+            self.paths["waited for a shared prefix"] += len(back)
+            self.admission.push_front(back)
+        if any(p is not None for p in plans):
+            self._trim_store()
+        return kept, plans
+
+    def _trim_store(self) -> None:
+        """mlx_lm.server's --prompt-cache-bytes bounds stored and running caches together."""
+        cap = self.sharing.store.ram.max_bytes
+        active = 0
+        if self._serial is not None:
+            active += sum(c.nbytes for c in self._serial[0].cache)
+        if self._batch is not None:
+            active += self._batch.gen.prompt_cache_nbytes
+        if active:
+            self.sharing.store.trim_to(cap - active)
 
     def _into_batch(self, rows, prompts, caches, histories) -> None:
         """Insert joiners into the batch (created on demand); a serial row joins them first."""
         if self._batch is None:
-            self._batch = BatchedRows(self.model, self.config)
+            self._batch = BatchedRows(self.model, self.config, self.sharing)
             first = rows[0].req
             if self._serial is None and first.random_key is not None and first.draws is None:
                 set_key(first.random_key)  # a user sampler draws from the thread's key
@@ -254,15 +325,27 @@ class Engine:
             done.random_key = self._keys.leave(row)
             if row.req.return_prompt_cache:
                 done.prompt_cache = row.cache
+            self._keep(row, done)
             self._serial, self._alone = None, False
             del row  # the caches go before the caller hears "done"
             mx.clear_cache()
             handle.put(done)
 
+    def _keep(self, row: SerialRow, done: DoneEvent) -> None:
+        """A serial row's cache goes to the prefix store when it ends (not after an error)."""
+        if self.sharing is None or row.plan is None or not row.plan.namespace:
+            return
+        if done.reason == "error" or row.fed == 0:
+            self.sharing.forget(row.req)
+            return
+        tokens = (row.req.prompt.tolist() + row.emitted)[: row.fed]
+        cache = clone(row.cache) if row.req.return_prompt_cache else row.cache
+        self.sharing.finish(row.req, row.plan, tokens, cache, solo=True)
+
     def _batch_turn(self) -> None:
         batch = self._batch
         for row in [r for r in batch.rows.values() if r.handle.cancelled]:
-            batch.remove(row)
+            batch.remove(row)  # its cache is not kept: extracting it would cost a copy
             row.handle.put(row.out.done("cancelled"))
         try:
             events = batch.step() if len(batch) else []
@@ -303,6 +386,8 @@ class Engine:
                     self._serial_turn()
                 if self._batch is not None:
                     self._batch_turn()
+                if self.sharing is not None:
+                    self.sharing.store.tick()
                 self._busy_s += time.perf_counter() - tic
             except Exception as e:  # noqa: BLE001 - the loop must outlive any one turn's failure
                 log.exception("engine turn failed; its rows end with the error")
@@ -320,6 +405,8 @@ class Engine:
                 pass
             self._batch = None
         self._keys = KeyOwner()
+        if self.sharing is not None:
+            self.sharing.reset()
         repair_key()
         for handle in handles:
             handle.put(DoneEvent("error", error))

@@ -10,6 +10,7 @@ from typing import Any
 from .batch import BatchedRow
 from .handle import RequestHandle
 from .output import RowOutput
+from .prefix import Plan
 from .request import GenerationRequest
 from .sampling import seed_key
 from .serial import SerialRow
@@ -18,10 +19,10 @@ from .serial import SerialRow
 class ForkJob:
     def __init__(
         self, model: Any, req: GenerationRequest, handles: list[RequestHandle], stream: Any,
-        tokenizer: Any | None,
+        tokenizer: Any | None, plan: Plan | None = None, snapshot: Any = None,
     ) -> None:  # fmt: skip
-        self.req, self.handles = req, handles
-        self.row = SerialRow(model, req, stream)
+        self.req, self.handles, self.plan = req, handles, plan
+        self.row = SerialRow(model, req, stream, plan, snapshot)
         self.outs = [RowOutput(req, tokenizer, h.submitted) for h in handles]
 
     @property
@@ -41,7 +42,7 @@ class ForkJob:
             key = self.req.random_key
             if self.req.seed is not None:
                 key = seed_key(self.req.seed + i)  # choice i: the stream of seed + i
-            rows.append(BatchedRow(self.req, handle, out, key=key))
+            rows.append(BatchedRow(self.req, handle, out, key=key, plan=self.plan))
             caches.append(self.row.cache if i == 0 else copy.deepcopy(self.row.cache))
         n = len(rows)
         return rows, [prompt[-1:]] * n, caches, [prompt[:-1] for _ in range(n)]

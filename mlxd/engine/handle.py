@@ -21,6 +21,7 @@ class RequestHandle:
         self._lock = threading.Lock()
         self.done: DoneEvent | None = None
         self.submitted = time.perf_counter()
+        self.cached_tokens = 0  # prompt tokens the prefix store served (set at admission)
 
     # engine side
     def put(self, event: Event) -> None:

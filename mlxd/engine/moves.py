@@ -22,7 +22,8 @@ def serial_into_batch(serial: Serial, keys: KeyOwner) -> tuple[BatchedRow, list,
     A decoding row first emits its pending token; None if that token ended it."""
     row, handle, out = serial
     feed, in_cache, logprobs = row.handoff()
-    moved = BatchedRow(row.req, handle, out, generated=list(row.emitted))
+    moved = BatchedRow(row.req, handle, out, generated=list(row.emitted), plan=row.plan)
+    moved.cuts = list(row.cuts)  # snapshot points its prefill has not reached yet
     if logprobs is not None:
         in_cache = in_cache + row.emitted
         moved.generated.append(feed[0])
@@ -47,6 +48,7 @@ def last_row_out(batch: BatchedRows, model: Any, keys: KeyOwner) -> Serial | Non
     req = brow.req
     history = req.prompt.tolist() + brow.generated
     row = SerialRow.resume(model, req, generation_stream, cache, pending, history, brow.generated)
+    row.plan = brow.plan  # its cache still goes to the prefix store when it ends
     batch.remove(brow)
     if (key := brow.current_key()) is not None:
         keys.adopt(row, key)

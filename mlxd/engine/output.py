@@ -84,6 +84,7 @@ class RowOutput:
             error,
             prompt_tokens=len(self.req.prompt),
             completion_tokens=self.count,
+            cached_tokens=self.req.cached_tokens,
             text=text,
             timings=timings,
         )

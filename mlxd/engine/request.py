@@ -43,6 +43,11 @@ class GenerationRequest:
     random_key: tuple[int, int] | None = None
     logprob: bool = False  # put the sampled token's log-probability on each TokenEvent
     top_logprobs: int = 0  # and the k most likely (id, logprob) pairs, mlx_lm.server's order
+    # The prefix store: start from the longest stored prefix, snapshot at these prompt positions
+    # (e.g. the end of the system prompt) besides the prompt minus its last token.
+    use_prefix_store: bool = True
+    snapshot_at: tuple[tuple[int, str], ...] = ()  # (position, kind: system / user / assistant)
+    cached_tokens: int = 0  # set by the engine: prompt tokens served from the store
 
 
 @dataclass
@@ -67,6 +72,7 @@ class DoneEvent:
     random_key: tuple[int, int] | None = None  # the row's PRNG key at its end
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served by the prefix store
     text: str = ""  # the detokenizer's final flush
     prompt_cache: list[Any] | None = None  # when the request asked for it
     timings: dict[str, float] = field(default_factory=dict)

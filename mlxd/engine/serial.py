@@ -5,6 +5,7 @@ ones generate_step enqueues, in the same order, so its tokens and logprobs are t
 """
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -13,6 +14,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.utils import does_model_support_input_embeddings
 
+from ..store.layers import clone
+from .prefix import Plan
 from .request import GenerationRequest, TokenEvent
 
 
@@ -37,9 +40,20 @@ def validate(req: GenerationRequest, model: Any) -> None:
 class SerialRow:
     """A lone row on plain serial caches. `advance()` does one unit: a prefill chunk or a step."""
 
-    def __init__(self, model: Any, req: GenerationRequest, stream: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        req: GenerationRequest,
+        stream: Any,
+        plan: Plan | None = None,
+        snapshot: Callable[[int, list[Any]], None] | None = None,
+    ) -> None:
+        """`plan`: start from a stored prefix and call `snapshot(position, cache)` at its cuts."""
         self.model, self.req, self.stream = model, req, stream
-        self.cache = req.prompt_cache or make_prompt_cache(model, max_kv_size=req.max_kv_size)
+        self.plan, self.snapshot = plan, snapshot
+        self.cache = plan.cache if plan is not None and plan.cache is not None else None
+        if self.cache is None:
+            self.cache = req.prompt_cache or make_prompt_cache(model, max_kv_size=req.max_kv_size)
         self.quantize = functools.partial(
             maybe_quantize_kv_cache,
             quantized_kv_start=req.quantized_kv_start,
@@ -48,10 +62,15 @@ class SerialRow:
         )
         self.sampler = req.sampler or greedy_sampler
         self.progress = req.prompt_progress_callback or (lambda *_: None)
-        self.prompt, self.emb = req.prompt, req.input_embeddings
-        self.total = len(self.emb) if self.emb is not None else len(self.prompt)
-        self.processed = 0
-        self.tokens: mx.array | None = None  # history the logits processors see
+        start = plan.start if plan is not None else 0
+        self.cuts = [c for c, _ in plan.cuts] if plan is not None else []
+        self.prompt, self.emb = req.prompt[start:], req.input_embeddings
+        self.total = len(self.emb) if self.emb is not None else len(req.prompt)
+        self.processed = self.fed = start  # prompt tokens prefilled / all tokens in the cache
+        # History the logits processors see: the whole prompt, a stored prefix included.
+        self.tokens: mx.array | None = (
+            req.prompt[:start] if start and req.logits_processors else None
+        )
         self.y: mx.array | None = None  # pipeline register: the token being computed
         self.logprobs: mx.array | None = None
         self.n = 0
@@ -73,6 +92,8 @@ class SerialRow:
         token's logprobs, the tokens in its cache, and what it has emitted so far."""
         row = cls.__new__(cls)
         row.model, row.req, row.stream, row.cache = model, req, stream, cache
+        row.plan, row.snapshot, row.cuts = None, None, []
+        row.fed = len(history)
         row.quantize = functools.partial(maybe_quantize_kv_cache, quantized_kv_start=0,
                                          kv_group_size=64, kv_bits=None)  # fmt: skip
         row.sampler = req.sampler or greedy_sampler
@@ -85,6 +106,7 @@ class SerialRow:
         return row
 
     def _call(self, tokens: mx.array, emb: mx.array | None) -> mx.array:
+        self.fed += tokens.shape[1]
         if emb is not None:
             return self.model(tokens, cache=self.cache, input_embeddings=emb)
         return self.model(tokens, cache=self.cache)
@@ -110,6 +132,8 @@ class SerialRow:
         with mx.stream(self.stream):
             if self.total - self.processed > 1:
                 n = min(self.req.prefill_step_size, self.total - self.processed - 1)
+                if self.cuts:  # a snapshot point ends the chunk (mlx-lm's segments)
+                    n = min(n, self.cuts[0] - self.processed)
                 chunk = self.prompt[:n]
                 self._call(chunk[None], self.emb[:n][None] if self.emb is not None else None)
                 self.quantize(self.cache)
@@ -120,6 +144,10 @@ class SerialRow:
                 self.progress(self.processed, self.total)
                 self.prompt = self.prompt[n:]
                 self.emb = self.emb[n:] if self.emb is not None else None
+                if self.cuts and self.processed == self.cuts[0]:
+                    self.cuts.pop(0)
+                    if self.snapshot is not None:
+                        self.snapshot(self.processed, clone(self.cache))
                 mx.clear_cache()
                 return
             self.y, self.logprobs = self._step(self.prompt, self.emb)

@@ -108,6 +108,7 @@ def build_request(served: Served, prompt: Prompt, p: GenParams, args: Any) -> Ge
         seed=p.seed,
         logprob=p.logprobs,
         top_logprobs=max(p.top_logprobs, 0),
+        snapshot_at=prompt.cuts,
     )
 
 
@@ -181,12 +182,14 @@ class Generation:
             if text.stopped:  # a stop word appeared in the text: the row ends here
                 handle.cancel()
                 self.usage.completion_tokens += count
+                self.usage.cached_tokens = max(self.usage.cached_tokens, handle.cached_tokens)
                 self.finish_reasons.append("stop")
                 yield Chunk(index, delta, [info], False, text.finish_reason("stop"))
                 return
             yield Chunk(index, delta, [info], text.in_tool)
         done = handle.done
         self.usage.completion_tokens += done.completion_tokens
+        self.usage.cached_tokens = max(self.usage.cached_tokens, handle.cached_tokens)
         self.finish_reasons.append(done.reason)
         if last is not None:
             ev, info = last

@@ -16,6 +16,9 @@ from .errors import bad_request
 class Prompt:
     tokens: list[int]
     initial_state: str  # where the text state machine starts: "normal" or "reasoning"
+    # Where the prefill stops to snapshot the cache for the prefix store (position, kind):
+    # mlx_lm.server's segments, the end of the system prompt and the start of a think tail.
+    cuts: tuple[tuple[int, str], ...] = ()
 
 
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:
@@ -85,7 +88,44 @@ def chat_prompt(
         raise bad_request(f"the chat template rejected the messages: {e}", "messages") from e
     if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
         tokens = tokens["input_ids"]
-    return Prompt(list(tokens), initial_state(tokenizer, list(tokens)))
+    tokens = list(tokens)
+    cuts = () if prefill else segment_cuts(tokenizer, messages, tools, template_args, tokens)
+    return Prompt(tokens, initial_state(tokenizer, tokens), cuts)
+
+
+def segment_cuts(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict] | None,
+    template_args: dict[str, Any],
+    prompt: list[int],
+) -> tuple[tuple[int, str], ...]:
+    """mlx_lm.server's segments of a prompt ending in a user turn: the system messages as
+    rendered alone, then the user part, then a short think tail the template opened."""
+    if messages[-1].get("role") != "user":
+        return ()
+    cuts = []
+    num_system = next((i for i, m in enumerate(messages) if m.get("role") != "system"), 0)
+    sys_end = 0
+    if num_system > 0:
+        alone = [*messages[:num_system], {"role": "user", "content": ""}]
+        try:
+            sys_tokens = tokenizer.apply_chat_template(
+                alone, tools=tools, tokenize=True, add_generation_prompt=False, **template_args
+            )
+        except Exception:  # noqa: BLE001 - no cut is only a missed snapshot
+            sys_tokens = []
+        if isinstance(sys_tokens, dict):
+            sys_tokens = sys_tokens["input_ids"]
+        pairs = enumerate(zip(sys_tokens, prompt, strict=False))
+        sys_end = next((i for i, (a, b) in pairs if a != b), 0)
+        if 0 < sys_end < len(prompt):
+            cuts.append((sys_end, "system"))
+    if tokenizer.has_thinking:
+        start = tokenizer.rfind_think_start(prompt, start=len(prompt) - 11)
+        if start >= 0 and sys_end < start < len(prompt):
+            cuts.append((start, "user"))
+    return tuple(cuts)
 
 
 def text_prompt(tokenizer: Any, prompt: Any) -> Prompt:

@@ -22,6 +22,7 @@ from ..model import ModelLoadError, load
 from ..model.default import DEFAULT_MODEL_NAME
 from ..model.resolve import resolve_model
 from .budget import kv_budget_from
+from .store import make_store
 
 log = logging.getLogger("mlxd.serve")
 
@@ -77,6 +78,7 @@ class ModelProvider:
             tokenizer.chat_template = tokenizer.default_chat_template
         a = self.args
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+        store, namespace = make_store(a, folder, adapter)
         engine = Engine(
             model,
             batch=a.batch,
@@ -87,6 +89,8 @@ class ModelProvider:
             batch_config=BatchConfig(
                 a.batch, min(a.batch, a.prompt_concurrency), a.prefill_step_size
             ),
+            prefix_store=store,
+            namespace=namespace,
         )
         name = ref if ref is not None else DEFAULT_MODEL_NAME
         return Served(name, model, tokenizer, engine, _context_length(folder), weights)
@@ -116,6 +120,8 @@ class ModelProvider:
             while len(self._others) > self.max_others:
                 _, old = self._others.popitem(last=False)
                 old.engine.close()
+                if old.engine.sharing is not None:
+                    old.engine.sharing.store.close()
             return served
 
     def loaded(self) -> list[Served]:
@@ -124,6 +130,8 @@ class ModelProvider:
     def close(self) -> None:
         for served in self.loaded():
             served.engine.close()
+            if served.engine.sharing is not None:
+                served.engine.sharing.store.close()  # flushes the disk tier's queue
 
 
 __all__ = ["ModelLoadError", "ModelProvider", "Served"]

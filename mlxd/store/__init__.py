@@ -1,1 +1,6 @@
-"""Layer 0: the prefix store (RAM tier and SSD tier), beside the KV layer. Lands with its issue."""
+"""Layer 0: the prefix store, beside the KV layer: prompt caches kept by token prefix in a
+byte-capped RAM tier and an SSD tier that survives restarts."""
+
+from .store import Hit, PrefixStore
+
+__all__ = ["Hit", "PrefixStore"]

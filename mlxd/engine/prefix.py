@@ -1,0 +1,156 @@
+"""The engine's side of the prefix store: a row starts from the longest stored prefix of its
+prompt, snapshots its cache at prompt boundaries, and hands its whole cache back when it ends.
+
+A request whose prompt shares a long prefix with a row that is about to snapshot it waits for
+that snapshot instead of computing the same tokens again (one prefill for a shared prefix).
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..store import PrefixStore
+from ..store.ram import common_prefix
+from .request import GenerationRequest
+
+SHARE_MIN = 64  # a shared prefix shorter than this is cheaper to recompute than to wait for
+
+
+@dataclass
+class Plan:
+    """How a row starts: a clone of a stored prefix (or nothing) and where it snapshots."""
+
+    namespace: str
+    cache: list[Any] | None = None
+    start: int = 0  # prompt tokens already in `cache`
+    cuts: list[tuple[int, str]] = field(default_factory=list)  # (position, kind), ascending
+
+
+def cuts_for(req: GenerationRequest, start: int = 0, grid: int = 0) -> list[tuple[int, str]]:
+    """Where the prefill stops to snapshot: the request's boundaries (mlx_lm.server's segments,
+    e.g. the end of the system prompt) and the prompt minus its last token, the point a
+    re-rendered next turn always shares. On a deterministic grid, only grid points."""
+    n = len(req.prompt)
+    cuts = {c: k for c, k in req.snapshot_at if 0 < c < n - 1}
+    cuts[n - 1] = "user"
+    if grid:
+        cuts = {c // grid * grid: k for c, k in sorted(cuts.items())}
+    return sorted((c, k) for c, k in cuts.items() if c > start)
+
+
+@dataclass
+class _Pending:
+    namespace: str
+    prompt: np.ndarray
+    cuts: list[int]
+
+
+class PrefixSharing:
+    def __init__(self, store: PrefixStore, namespace: str, share_min: int = SHARE_MIN) -> None:
+        self.store, self.base, self.share_min = store, namespace, share_min
+        self._pending: dict[int, _Pending] = {}  # id(req) -> its snapshots still to come
+        self._version = 0
+        self._defer_cache: dict[int, tuple[int, int, bool]] = {}
+
+    @property
+    def grid(self) -> int:
+        return self.store.grid
+
+    def namespace(self, req: GenerationRequest) -> str:
+        """The model (and adapter) plus the request's KV scheme: entries never cross schemes."""
+        scheme = f"kv{req.kv_bits}g{req.kv_group_size}s{req.quantized_kv_start}w{req.max_kv_size}"
+        return f"{self.base}|{scheme}"
+
+    @staticmethod
+    def eligible(req: GenerationRequest) -> bool:
+        return req.use_prefix_store and req.prompt_cache is None and req.input_embeddings is None
+
+    def plan(self, req: GenerationRequest) -> Plan:
+        """Look the prompt up; the clone it returns is the row's to write."""
+        ns = self.namespace(req)
+        tokens = req.prompt.tolist()
+        hit = self.store.lookup(ns, tokens)
+        plan = Plan(ns, hit.cache, hit.length) if hit is not None else Plan(ns)
+        plan.cuts = cuts_for(req, plan.start, self.grid)
+        req.cached_tokens = plan.start
+        self.announce(req, plan)
+        return plan
+
+    # snapshots still to come, which waiting requests may wait for
+    def announce(self, req: GenerationRequest, plan: Plan) -> None:
+        prompt = np.asarray(req.prompt.tolist(), dtype=np.int32)
+        self._pending[id(req)] = _Pending(plan.namespace, prompt, [c for c, _ in plan.cuts])
+        self._version += 1
+
+    def add_cut(self, req: GenerationRequest, plan: Plan, at: int) -> None:
+        """One more snapshot for a row that has not started: where others share its prompt."""
+        if self.grid:
+            at = at // self.grid * self.grid
+        if at <= plan.start or any(c == at for c, _ in plan.cuts):
+            return
+        plan.cuts = sorted([*plan.cuts, (at, "system")])
+        self.announce(req, plan)
+
+    def landed(self, req: GenerationRequest, at: int) -> None:
+        if (p := self._pending.get(id(req))) is not None and at in p.cuts:
+            p.cuts.remove(at)
+            self._version += 1
+
+    def reset(self) -> None:
+        """After a failed turn: no row is running, so no snapshot is coming."""
+        self._pending.clear()
+        self._defer_cache.clear()
+        self._version += 1
+
+    def forget(self, req: GenerationRequest) -> None:
+        if self._pending.pop(id(req), None) is not None:
+            self._version += 1
+        self._defer_cache.pop(id(req), None)
+
+    def shared(self, req: GenerationRequest, other: GenerationRequest) -> int:
+        """Prompt tokens two requests share, when worth one of them waiting for the other."""
+        if self.namespace(req) != self.namespace(other):
+            return 0
+        a = np.asarray(req.prompt.tolist(), dtype=np.int32)
+        b = np.asarray(other.prompt.tolist(), dtype=np.int32)
+        n = min(common_prefix(a, b), len(a) - 1, len(b) - 1)
+        have = self.store.peek(self.namespace(req), a)
+        return n if n - have >= self.share_min else 0
+
+    def defer(self, req: GenerationRequest) -> bool:
+        """Wait: a running row will soon snapshot a prefix of this prompt that the store lacks."""
+        if not self.eligible(req) or not self._pending:
+            return False
+        key = (self._version, self.store.version)
+        cached = self._defer_cache.get(id(req))
+        if cached is not None and cached[:2] == key:
+            return cached[2]
+        ns = self.namespace(req)
+        prompt = np.asarray(req.prompt.tolist(), dtype=np.int32)
+        have = self.store.peek(ns, prompt)
+        wait = False
+        for p in self._pending.values():
+            if p.namespace == ns and p.cuts and p.cuts[-1] - have >= self.share_min:
+                shared = min(common_prefix(p.prompt, prompt), len(prompt) - 1)
+                wait = wait or any(c <= shared and c - have >= self.share_min for c in p.cuts)
+        self._defer_cache[id(req)] = (*key, wait)
+        return wait
+
+    # what rows hand back
+    def snapshot(self, req: GenerationRequest, plan: Plan, at: int, cache: list[Any]) -> None:
+        """The row's cache holds prompt[:at] (a clone of it is handed over)."""
+        kind = next((k for c, k in plan.cuts if c == at), "user")
+        self.store.insert(plan.namespace, req.prompt[:at].tolist(), cache, kind)
+        self.landed(req, at)
+
+    def finish(
+        self, req: GenerationRequest, plan: Plan, tokens: list[int], cache: list[Any], solo: bool
+    ) -> None:
+        """A row's cache at its end, holding `tokens`. Its prompt part was prefilled on the grid
+        only for a row prefilled alone."""
+        exact = -1
+        if self.grid:
+            exact = (len(req.prompt) - 1) // self.grid * self.grid if solo else 0
+        self.store.insert(plan.namespace, tokens, cache, "assistant", exact)
+        self.forget(req)

@@ -1,0 +1,32 @@
+"""What the store needs to know about a prompt cache (a list of mlx-lm cache layers): its bytes,
+whether it can be cut back, and a copy-on-write clone cut to a prefix."""
+
+import copy
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+
+def nbytes(cache: list[Any]) -> int:
+    """The buffers the layers hold (whole allocations, as mlx-lm counts them)."""
+    return sum(c.nbytes for c in cache)
+
+
+def trimmable(cache: list[Any]) -> bool:
+    return can_trim_prompt_cache(cache)
+
+
+def clone(cache: list[Any], drop: int = 0) -> list[Any]:
+    """A clone sharing the donor's buffers: MLX arrays are values, so the clone's first write
+    copies (slice updates never donate a shared buffer) and the donor stays intact."""
+    out = copy.deepcopy(cache)
+    if drop:
+        trim_prompt_cache(out, drop)
+    return out
+
+
+def evaluate(cache: list[Any]) -> None:
+    """Materialize the layers' state, so a stored entry holds buffers and no pending graph."""
+    mx.eval([v for c in cache for _, v in tree_flatten(c.state) if isinstance(v, mx.array)])
