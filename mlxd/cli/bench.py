@@ -1,5 +1,5 @@
 """`mlxd bench`: side-by-side benchmarks against mlx-lm (`mlxd bench generate`, in process;
-`mlxd bench serve`, two HTTP servers), flags by layer."""
+`mlxd bench serve`, two HTTP servers; `mlxd bench prefix`, the prompt store), flags by layer."""
 
 import argparse
 import sys
@@ -118,6 +118,62 @@ def _run_serve(args: argparse.Namespace) -> None:
         sys.exit(code)
 
 
+def _sections(text: str) -> list[str]:
+    from ..bench.prefix import SECTIONS
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names or any(n not in SECTIONS for n in names):
+        raise argparse.ArgumentTypeError(f"sections are some of {','.join(SECTIONS)}: {text!r}")
+    return [n for n in SECTIONS if n in names]  # run in the documented order
+
+
+def _prefix_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    s = bench_subs.add_parser(
+        "prefix",
+        help="the prompt prefix store: shared-prefix and restart TTFT, fleet with store on / off",
+        description="What mlxd serve's prefix store saves, as ratios: (agents) a second agent's "
+        "TTFT with a stored system prompt vs cold; (restart) TTFT restored from --ssd-cache after "
+        "a restart vs a re-prefill; (fleet) bench serve's agent fleet with the store on and off.",
+    )
+    w = s.add_argument_group("workload (greedy; EOS and control tokens banned by logit_bias)")
+    w.add_argument("--model", default=None, help="local MLX model folder (default: embedded)")
+    w.add_argument(
+        "--sections", type=_sections, default=["agents", "restart", "fleet"],
+        help="which to run, comma-separated (default agents,restart,fleet)",
+    )  # fmt: skip
+    w.add_argument("--prefix-tokens", type=int, default=8192, help="shared system prompt (8192)")
+    w.add_argument("--rounds", type=int, default=3, help="rounds of sections 1-2 (default 3)")
+    w.add_argument("--max-tokens", type=int, default=16, help="reply tokens, sections 1-2 (16)")
+    w.add_argument("--agents", type=_agents, default=[8], help="fleet N values (default 8)")
+    w.add_argument("--turns", type=int, default=4, help="fleet turns per agent (default 4)")
+    w.add_argument("--fleet-max-tokens", type=int, default=None, help="default: --max-tokens")
+    w.add_argument("--fleet-rounds", type=int, default=1, help="fleet runs per N and mode (1)")
+    w.add_argument("--seed", type=int, default=0, help="seed of the prompt words")
+    v = s.add_argument_group("servers")
+    v.add_argument("--mlxd-args", default="", help="extra flags for every mlxd serve, one string")
+    v.add_argument(
+        "--stop-signal", choices=("INT", "TERM"), default="INT",
+        help="how the restart section stops server 1 (default INT, as Ctrl-C)",
+    )  # fmt: skip
+    v.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to ready")
+    o = s.add_argument_group("output")
+    o.add_argument("--json", default=None, metavar="OUT", help="every raw number")
+    o.add_argument("--markdown", default=None, metavar="OUT.md", help="the tables")
+    o.add_argument("--log-dir", default=None, help="server logs and SSD caches (default: temp)")
+
+
+def _run_prefix(args: argparse.Namespace) -> None:
+    if args.fleet_max_tokens is None:
+        args.fleet_max_tokens = args.max_tokens
+    counts = (args.prefix_tokens, args.rounds, args.max_tokens, args.turns, args.fleet_rounds)
+    if min(*counts, args.fleet_max_tokens) < 1:
+        sys.exit("mlxd bench prefix: token counts, --rounds, --turns must be >= 1")
+    from ..bench.prefix import run_prefix
+
+    if code := run_prefix(args):
+        sys.exit(code)
+
+
 def add_parser(subs: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = subs.add_parser(
         "bench",
@@ -134,6 +190,7 @@ def add_parser(subs: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
     for group in (_model_group, _engine_group, _workload_group, _output_group):
         group(g)
     _serve_parser(bench_subs)
+    _prefix_parser(bench_subs)
     p.set_defaults(bench_parser=p)
 
 
@@ -144,6 +201,8 @@ def run(args: argparse.Namespace) -> None:
     del args.bench_parser  # not JSON material
     if args.bench_command == "serve":
         return _run_serve(args)
+    if args.bench_command == "prefix":
+        return _run_prefix(args)
     if args.concurrent == 1 or args.concurrent < 0:
         sys.exit("mlxd bench generate: --concurrent needs N >= 2 (N = 1 is the single stream)")
     if args.gen_tokens < 2 or args.prompt_tokens < 1:

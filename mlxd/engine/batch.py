@@ -140,7 +140,7 @@ class BatchedRows:
                 continue
             cache, tokens = self.gen.extract_cache([r.uid])[r.uid]
             if len(tokens) == at and self.sharing is not None and row.plan.namespace:
-                self.sharing.snapshot(row.req, row.plan, at, cache)
+                self.sharing.snapshot(row.req, row.plan, at, cache, solo=False)
 
     def _finished(self, row: BatchedRow, r: Any) -> None:
         plan = row.plan

@@ -138,10 +138,14 @@ class PrefixSharing:
         return wait
 
     # what rows hand back
-    def snapshot(self, req: GenerationRequest, plan: Plan, at: int, cache: list[Any]) -> None:
-        """The row's cache holds prompt[:at] (a clone of it is handed over)."""
+    def snapshot(
+        self, req: GenerationRequest, plan: Plan, at: int, cache: list[Any], solo: bool = True
+    ) -> None:
+        """The row's cache holds prompt[:at] (a clone of it is handed over). On the grid, only
+        a row prefilled alone computed it as a miss would."""
         kind = next((k for c, k in plan.cuts if c == at), "user")
-        self.store.insert(plan.namespace, req.prompt[:at].tolist(), cache, kind)
+        exact = 0 if self.grid and not solo else -1
+        self.store.insert(plan.namespace, req.prompt[:at].tolist(), cache, kind, exact)
         self.landed(req, at)
 
     def finish(

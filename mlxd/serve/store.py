@@ -21,7 +21,7 @@ def make_store(args: Any, folder: Path, adapter: str | None) -> tuple[PrefixStor
     ssd = None
     if getattr(args, "ssd_cache", None):
         root = Path(args.ssd_cache).expanduser()
-        ssd = SSDTier(root, int(args.ssd_cache_max))
+        ssd = SSDTier(root, int(args.ssd_cache_max), queue_depth=16)
         log.info("disk prompt cache in %s (%d entries found)", root, ssd.stats()["entries"])
     grid = args.prefill_step_size if getattr(args, "prefix_deterministic", False) else 0
     store = PrefixStore(

@@ -1,0 +1,179 @@
+"""The prefix store as the engine uses it: reuse at admission, non-consuming hits, one prefill
+for a shared prefix, prompt-boundary snapshots for caches that cannot be trimmed, the
+deterministic mode, and namespaces per KV scheme."""
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from mlxd.engine import Engine, GenerationRequest
+from mlxd.store import PrefixStore
+
+
+def words(seed: int, n: int) -> list[int]:
+    """`n` token ids from a seeded stream, away from special tokens."""
+    return mx.random.randint(1000, 20000, (n,), key=mx.random.key(seed)).tolist()
+
+
+@pytest.fixture
+def engine(tiny_lm: Callable[[str], Any]) -> Iterator[Callable[..., Engine]]:
+    made: list[Engine] = []
+
+    def make(arch: str = "qwen3", store: PrefixStore | None = None, **kw: Any) -> Engine:
+        store = store if store is not None else PrefixStore(max_entries=50)
+        e = Engine(tiny_lm(arch), prefix_store=store, namespace="tiny", **kw)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.close()
+
+
+def run(engine: Engine, prompt: list[int], max_tokens: int = 6, **kw: Any):
+    h = engine.submit(GenerationRequest(prompt=mx.array(prompt), max_tokens=max_tokens, **kw))
+    events = list(h)
+    return [e.token for e in events], [e.logprobs for e in events], h
+
+
+def same_logprobs(a: list[mx.array], b: list[mx.array]) -> bool:
+    return len(a) == len(b) and all(mx.array_equal(x, y).item() for x, y in zip(a, b, strict=True))
+
+
+def test_repeat_hits_all_but_last_token_and_gives_the_same_bits(engine) -> None:
+    e = engine()
+    prompt = words(1, 300)
+    toks, lps, h = run(e, prompt)
+    assert h.done.cached_tokens == 0 and h.cached_tokens == 0
+    toks2, lps2, h2 = run(e, prompt)
+    assert h2.done.cached_tokens == len(prompt) - 1
+    assert toks2 == toks and same_logprobs(lps2, lps)
+
+
+def test_next_turn_hits_the_whole_history(engine) -> None:
+    e = engine()
+    prompt = words(2, 200)
+    toks, _, _ = run(e, prompt, max_tokens=8)
+    nxt = prompt + toks + words(3, 20)
+    _, _, h = run(e, nxt)
+    assert h.done.cached_tokens >= len(prompt) + len(toks) - 1
+
+
+def test_hits_do_not_consume_the_donor(engine) -> None:
+    """Agent B reusing agent A's system prompt leaves A's whole entry: A's next turn still hits
+    its full history, with the same bits as on an engine where B never ran."""
+    system = words(4, 256)
+    a1 = system + words(5, 30)
+    results = []
+    for with_b in (True, False):
+        e = engine()
+        toks_a, _, _ = run(e, a1, max_tokens=8)
+        if with_b:
+            _, _, hb = run(e, system + words(6, 30))
+            assert hb.done.cached_tokens >= len(system)
+        a2 = a1 + toks_a + words(7, 10)
+        toks, lps, ha = run(e, a2)
+        assert ha.done.cached_tokens >= len(a1) + len(toks_a) - 1
+        results.append((toks, lps))
+    assert results[0][0] == results[1][0] and same_logprobs(results[0][1], results[1][1])
+
+
+class CountingModel:
+    """The model, counting the token positions each forward pass computes."""
+
+    def __init__(self, model: Any) -> None:
+        self.__dict__["_model"] = model
+        self.__dict__["positions"] = 0
+
+    def __call__(self, inputs: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        self.__dict__["positions"] += inputs.shape[0] * inputs.shape[1]
+        return self._model(inputs, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+@pytest.mark.parametrize("staggered", [False, True])
+def test_a_shared_prefix_is_prefilled_once(tiny_lm, staggered: bool) -> None:
+    """N prompts with one long prefix, arriving together (or one just before the others): the
+    prefix is computed once, not N times."""
+    model = CountingModel(tiny_lm("qwen3"))
+    e = Engine(model, batch=4, prefix_store=PrefixStore(max_entries=50), namespace="tiny")
+    try:
+        prefix, n, suffix = words(8, 512), 4, 8
+        prompts = [prefix + [30000 + i] + words(10 + i, suffix - 1) for i in range(n)]
+        reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=2) for p in prompts]
+        if staggered:
+            handles = [e.submit(reqs[0])] + e.submit_many(reqs[1:])
+        else:
+            handles = e.submit_many(reqs)
+        for h in handles:
+            list(h)
+        requested = sum(len(p) for p in prompts)
+        decode = n * 2  # one position per generated token (the last is fed too)
+        computed = model.positions - decode
+        assert computed <= len(prefix) + n * suffix + n, (computed, requested)
+        assert sorted(h.done.cached_tokens for h in handles)[1:] == [len(prefix)] * (n - 1)
+    finally:
+        e.close()
+
+
+def test_byte_cap_holds_for_many_prompts(engine) -> None:
+    store = PrefixStore(max_bytes=3 * 300_000, max_entries=100)
+    e = engine(store=store)
+    seen = 0
+    for i in range(12):
+        run(e, words(100 + i, 60 + 20 * i), max_tokens=2)
+        held = sum(c.nbytes for entry in store.ram.entries() for c in entry.cache)
+        assert held == store.ram.nbytes <= store.ram.max_bytes
+        seen = max(seen, len(store.ram))
+    assert seen >= 2 and store.counts["inserted"] > len(store.ram)  # entries were evicted
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "lfm2"])
+def test_untrimmable_caches_hit_at_the_prompt_boundary(engine, arch: str) -> None:
+    """A sliding-window cache that wrapped, or recurrent state, cannot be cut back to the next
+    turn's prefix: the snapshot at the prompt minus its last token still serves it."""
+    e = engine(arch)
+    prompt = words(20, 120)  # far past gemma3's 16-token window
+    toks, _, _ = run(e, prompt, max_tokens=4)
+    assert not e.sharing.store.ram.entries()[0].trimmable
+    _, _, h = run(e, prompt[:-1] + [prompt[-1] + 1] + words(21, 5))  # a re-rendered next turn
+    assert h.done.cached_tokens == len(prompt) - 1
+
+
+def test_deterministic_mode_hit_equals_miss(engine) -> None:
+    """With the grid, a hit gives the same tokens and logprobs as a fresh engine's miss."""
+    step = 32
+    shared = words(30, 100)
+    other, target = shared + words(31, 40), shared + words(32, 45)
+    cold = engine(store=PrefixStore(grid=step), batch=1, prefill_step_size=step)
+    toks_miss, lps_miss, _ = run(cold, target, prefill_step_size=step)
+    warm = engine(store=PrefixStore(grid=step), batch=1, prefill_step_size=step)
+    run(warm, other, prefill_step_size=step)
+    toks_hit, lps_hit, h = run(warm, target, prefill_step_size=step)
+    assert h.done.cached_tokens == 96  # 100 shared tokens, on the 32-token grid
+    assert toks_hit == toks_miss and same_logprobs(lps_hit, lps_miss)
+
+
+def test_entries_never_cross_kv_schemes(engine) -> None:
+    e = engine()
+    prompt = words(40, 100)
+    run(e, prompt)
+    _, _, h = run(e, prompt, kv_bits=8, quantized_kv_start=0)
+    assert h.done.cached_tokens == 0
+    _, _, h = run(e, prompt, kv_bits=8, quantized_kv_start=0)
+    assert h.done.cached_tokens == len(prompt) - 1
+
+
+def test_a_request_with_its_own_cache_bypasses_the_store(engine, tiny_lm) -> None:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    e = engine()
+    prompt = words(50, 80)
+    run(e, prompt)
+    own = make_prompt_cache(tiny_lm("qwen3"))
+    _, _, h = run(e, prompt, prompt_cache=own)
+    assert h.done.cached_tokens == 0 and own[0].offset >= len(prompt)
