@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from .errors import APIError
+from .metrics_store import StoreCollector
 from .offload import offload
 
 # 1 ms .. 30 s, roughly x2.5 per step: decode gaps on a GPU through long prefills on a CPU.
@@ -95,6 +96,7 @@ class Metrics:
             registry=r,
         )
         r.register(EngineCollector(state))
+        r.register(StoreCollector(state))
 
     def install(self, app: Any) -> None:
         """Outermost middleware: it also sees the 401s and CORS answers given before routing."""

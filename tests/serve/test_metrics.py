@@ -186,3 +186,22 @@ def test_waiting_rows_gauge(make_server) -> None:
     assert value(seen, "mlxd_waiting_rows", model=model) == 1
     for t in threads:
         t.join()
+
+
+def test_prefix_store_metrics_count_the_hits(make_server) -> None:
+    live = make_server()
+    url = live.url + "/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "Name three sorting algorithms."}]}
+    before = scrape(live.url)
+    cached = []
+    for _ in range(3):
+        r = httpx.post(url, json={**body, "max_tokens": 3}, timeout=60)
+        cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+    after = scrape(live.url)
+    model = live.state.provider.default.name
+    assert delta(before, after, "mlxd_prefix_store_lookups_total", model=model) == 3
+    assert delta(before, after, "mlxd_prefix_store_hits_total", model=model, tier="ram") == 2
+    hit_tokens = delta(before, after, "mlxd_prefix_store_hit_tokens_total", model=model)
+    assert hit_tokens == sum(cached) > 0
+    stored = value(after, "mlxd_prefix_store_bytes", model=model, tier="ram")
+    assert stored == live.state.provider.default.engine.sharing.store.ram.nbytes > 0
