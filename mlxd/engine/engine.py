@@ -19,7 +19,6 @@ import mlx.core as mx
 # mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
 from mlx_lm.generate import generation_stream
 
-from ..store.layers import clone
 from .admission import Admission, Overloaded
 from .batch import BatchConfig, BatchedRow, BatchedRows, batchable
 from .fork import ForkJob
@@ -27,7 +26,8 @@ from .handle import RequestHandle
 from .materialize import materialize
 from .moves import Serial, last_row_out, serial_into_batch
 from .output import RowOutput, prepare
-from .prefix import Plan, PrefixSharing, cuts_for
+from .prefix import PrefixSharing
+from .prefix_rows import PrefixRows
 from .request import DoneEvent, GenerationRequest, TokenEvent
 from .rng import KeyOwner, repair_key, set_key
 from .serial import SerialRow, validate
@@ -46,7 +46,7 @@ def _close_all() -> None:
         engine.close()
 
 
-class Engine:
+class Engine(PrefixRows):
     """Submit requests from any thread; all MLX work happens on the engine's own thread."""
 
     def __init__(
@@ -141,6 +141,11 @@ class Engine:
         handles += [h for job in self._forks for h in job.handles]
         return handles + ([r.handle for r in self._batch.rows.values()] if self._batch else [])
 
+    def _running_requests(self) -> list[GenerationRequest]:
+        reqs = [self._serial[0].req] if self._serial else []
+        reqs += [job.req for job in self._forks]
+        return reqs + ([r.req for r in self._batch.rows.values()] if self._batch else [])
+
     def stats(self) -> dict[str, Any]:
         """Rows, throughput over the engine's busy time, reserved KV, and the paths taken."""
         with self.admission.wake:
@@ -168,7 +173,10 @@ class Engine:
     # engine thread
     def _admit(self) -> None:
         busy = self._serial is not None or bool(self._forks) or self._batch is not None
-        defer = self.sharing.defer if self.sharing is not None and busy else None
+        defer = None
+        if self.sharing is not None and busy and self.admission.waiting:
+            self.sharing.prune({id(r) for r in self._running_requests()})
+            defer = self.sharing.defer
         joiners = self.admission.take(self._active, self._alone, busy, defer)
         for req, handle in [j for j in joiners if j[0].n > 1]:
             handles = [handle, *self._groups.pop(id(handle), [])]
@@ -206,59 +214,6 @@ class Engine:
             caches.append(plan.cache if plan is not None and plan.cache else req.prompt_cache)
             histories.append(prompt[:start])
         self._into_batch(rows, prompts, caches, histories)
-
-    def _plan(self, req: GenerationRequest) -> Plan | None:
-        """The store's plan; without the store, the request's prefill cuts still apply (they
-        decide the chunks, so the bits: mlx_lm.server cuts at them either way)."""
-        if self.sharing is None or not self.sharing.eligible(req):
-            return Plan("", cuts=cuts_for(req)) if req.snapshot_at else None
-        return self.sharing.plan(req)
-
-    def _snapshot(self, req: GenerationRequest, plan: Plan | None) -> Any:
-        if plan is None or self.sharing is None or not plan.namespace:
-            return None
-        sharing = self.sharing
-        return lambda at, cache: sharing.snapshot(req, plan, at, cache)
-
-    def _share(self, joiners: list) -> tuple[list, list[Plan | None]]:
-        """Plans for this round's joiners. One that shares a prefix the store lacks with an
-        earlier joiner goes back to wait for that joiner's snapshot of it (one prefill)."""
-        if self.sharing is None:
-            return joiners, [None] * len(joiners)
-        kept: list = []
-        plans: list[Plan | None] = []
-        back = []
-        for req, handle in joiners:
-            donor = None
-            if self.sharing.eligible(req):
-                for (other, _), plan in zip(kept, plans, strict=True):
-                    if plan is not None and (n := self.sharing.shared(req, other)) > plan.start:
-                        donor = (other, plan, n)
-                        break
-            if donor is not None:
-                self.sharing.add_cut(*donor)
-                back.append((req, handle))
-                continue
-            kept.append((req, handle))
-            plans.append(self._plan(req))
-            handle.cached_tokens = req.cached_tokens
-        if back:
-            self.paths["waited for a shared prefix"] += len(back)
-            self.admission.push_front(back)
-        if any(p is not None for p in plans):
-            self._trim_store()
-        return kept, plans
-
-    def _trim_store(self) -> None:
-        """mlx_lm.server's --prompt-cache-bytes bounds stored and running caches together."""
-        cap = self.sharing.store.ram.max_bytes
-        active = 0
-        if self._serial is not None:
-            active += sum(c.nbytes for c in self._serial[0].cache)
-        if self._batch is not None:
-            active += self._batch.gen.prompt_cache_nbytes
-        if active:
-            self.sharing.store.trim_to(cap - active)
 
     def _into_batch(self, rows, prompts, caches, histories) -> None:
         """Insert joiners into the batch (created on demand); a serial row joins them first."""
@@ -330,17 +285,6 @@ class Engine:
             del row  # the caches go before the caller hears "done"
             mx.clear_cache()
             handle.put(done)
-
-    def _keep(self, row: SerialRow, done: DoneEvent) -> None:
-        """A serial row's cache goes to the prefix store when it ends (not after an error)."""
-        if self.sharing is None or row.plan is None or not row.plan.namespace:
-            return
-        if done.reason == "error" or row.fed == 0:
-            self.sharing.forget(row.req)
-            return
-        tokens = (row.req.prompt.tolist() + row.emitted)[: row.fed]
-        cache = clone(row.cache) if row.req.return_prompt_cache else row.cache
-        self.sharing.finish(row.req, row.plan, tokens, cache, solo=True)
 
     def _batch_turn(self) -> None:
         batch = self._batch

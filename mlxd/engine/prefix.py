@@ -103,6 +103,14 @@ class PrefixSharing:
         self._defer_cache.clear()
         self._version += 1
 
+    def prune(self, live: set[int]) -> None:
+        """Drop announcements of rows that ended by any path (ids of the live requests)."""
+        gone = [k for k in self._pending if k not in live]
+        for k in gone:
+            del self._pending[k]
+        if gone:
+            self._version += 1
+
     def forget(self, req: GenerationRequest) -> None:
         if self._pending.pop(id(req), None) is not None:
             self._version += 1
