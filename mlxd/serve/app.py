@@ -1,6 +1,8 @@
 """The ASGI app: routes per API, errors in each API's shape, CORS and the API key."""
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -12,6 +14,7 @@ from starlette.responses import Response
 from . import models_api, openai_api
 from .auth import APIKeyMiddleware
 from .errors import APIError, error_response
+from .offload import offload
 from .schemas import body_schema
 from .state import ServerState
 
@@ -25,7 +28,14 @@ def _post(app: FastAPI, path: str, endpoint: Any, schema: str) -> None:
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="mlxd", version="0.1.0", docs_url=None, redoc_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        # uvicorn re-raises SIGTERM after shutdown, so `serve`'s finally never runs then: stop
+        # the engines and flush the disk tier's queue here (close() is idempotent).
+        await offload(state.provider.close)
+
+    app = FastAPI(title="mlxd", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.mlxd = state
     _post(app, "/v1/chat/completions", openai_api.chat_completions, "chat")
     _post(app, "/chat/completions", openai_api.chat_completions, "chat")

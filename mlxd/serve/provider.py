@@ -128,10 +128,12 @@ class ModelProvider:
         return [self.default, *self._others.values()]
 
     def close(self) -> None:
+        """Stop the engines and flush the disk tiers' queues (idempotent)."""
         for served in self.loaded():
             served.engine.close()
-            if served.engine.sharing is not None:
-                served.engine.sharing.store.close()  # flushes the disk tier's queue
+            if (sharing := served.engine.sharing) is not None and not sharing.store.closed:
+                sharing.store.close()
+                log.info("%s: prefix store closed, %s", served.name, sharing.store.stats())
 
 
 __all__ = ["ModelLoadError", "ModelProvider", "Served"]

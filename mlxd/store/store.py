@@ -41,6 +41,7 @@ class PrefixStore:
         self.ssd, self.demote_idle_s, self.grid = ssd, demote_idle_s, grid
         self.counts = {"lookups": 0, "hits": 0, "ssd_hits": 0, "hit_tokens": 0, "inserted": 0}
         self._last_tick = time.monotonic()
+        self.closed = False
         self.version = 0  # changes whenever what a lookup could return may have changed
 
     def _best(self, namespace: str, tokens: np.ndarray) -> tuple[Entry | Any, int, str] | None:
@@ -148,5 +149,7 @@ class PrefixStore:
         return out
 
     def close(self) -> None:
+        """Wait for the disk writes already queued, then stop the writer."""
+        self.closed = True
         if self.ssd is not None:
             self.ssd.close()

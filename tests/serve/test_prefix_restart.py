@@ -86,3 +86,38 @@ def test_every_endpoint_reports_cached_tokens(qwen3_server, path: str) -> None:
             got.append((total, u["cache_read_input_tokens"]))
     (n, _), (n2, hit) = got
     assert n == n2 and hit == n - 1
+
+
+def test_sigterm_flushes_the_disk_tier(qwen3_model_dir: Path, tmp_path: Path) -> None:
+    """systemd, launchd and docker stop a server with SIGTERM, which uvicorn re-raises after
+    its shutdown: the app's lifespan must still close the store (and flush its writes)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlxd", "serve", "--model", str(qwen3_model_dir)]
+    cmd += ["--port", str(port), "--ssd-cache", str(tmp_path / "ssd"), "--data-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.time() < deadline, "the server did not start"
+            time.sleep(0.2)
+        chat(url, [{"role": "user", "content": "Hello there"}])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "prefix store closed" in err and "'written': 0" not in err, err[-2000:]
+    assert list((tmp_path / "ssd" / "v1").iterdir())
