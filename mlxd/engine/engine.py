@@ -264,7 +264,7 @@ class Engine(PrefixRows):
             else:
                 self._keys.enter(row, row.req.random_key)
                 if row.prefilling:
-                    row.prefill_chunk()
+                    self._prefill_chunk(row)
                 elif (step := row.decode()) is None:
                     done = out.done("length")
                 else:
@@ -285,6 +285,13 @@ class Engine(PrefixRows):
             del row  # the caches go before the caller hears "done"
             mx.clear_cache()
             handle.put(done)
+
+    def _prefill_chunk(self, row: SerialRow) -> None:
+        """One chunk, timed for the prefix store (its disk tier competes with prefilling)."""
+        before, tic = row.processed, time.perf_counter()
+        row.prefill_chunk()
+        if self.sharing is not None and row.processed > before:
+            self.sharing.store.observe_prefill(row.processed - before, time.perf_counter() - tic)
 
     def _batch_turn(self) -> None:
         batch = self._batch

@@ -6,7 +6,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, trim_prompt_cache
 
 
 def nbytes(cache: list[Any]) -> int:
@@ -30,3 +30,14 @@ def clone(cache: list[Any], drop: int = 0) -> list[Any]:
 def evaluate(cache: list[Any]) -> None:
     """Materialize the layers' state, so a stored entry holds buffers and no pending graph."""
     mx.eval([v for c in cache for _, v in tree_flatten(c.state) if isinstance(v, mx.array)])
+
+
+def compact(cache: list[Any]) -> list[Any]:
+    """Plain KV layers copied into buffers holding exactly their tokens: the layout a row that
+    prefilled on the deterministic grid has. On a GPU, a decode step's bits can depend on the
+    buffer's stride, not only on the values in it."""
+    for c in cache:
+        if type(c) is KVCache and c.keys is not None and c.keys.shape[2] != c.offset:
+            c.keys = mx.contiguous(c.keys[..., : c.offset, :])
+            c.values = mx.contiguous(c.values[..., : c.offset, :])
+    return cache

@@ -7,6 +7,7 @@ at most a temp file, which the next start deletes. The format is in ssd_format.p
 """
 
 import logging
+import mmap
 import os
 import shutil
 import threading
@@ -90,9 +91,14 @@ class SSDTier:
     def restore(self, entry: SSDEntry) -> list[Any] | None:
         """The entry's cache layers, verified; None (and the file quarantined) when bad."""
         path = self.dir / entry.key
-        try:
-            data = path.read_bytes()
+        try:  # mapped, not read: the only copy is into MLX memory
+            with open(path, "rb") as f:
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except FileNotFoundError:  # evicted meanwhile (or removed by hand): a miss, not corrupt
+            self.index.remove(entry.key)
+            return None
+        except (OSError, ValueError) as e:  # an empty file cannot be mapped
+            self._quarantine(path, str(e))
             self.index.remove(entry.key)
             return None
         try:

@@ -3,15 +3,19 @@
 Layout: MAGIC (8 bytes) | header length (u64 LE) | header (JSON) | payload | digest (32 bytes).
 The header records the format version, namespace, token ids, kind, and every layer's mlx-lm
 class plus its `state` tree, with arrays replaced by indexes into the tensor table (dtype, shape);
-the payload is those tensors' raw C-order bytes back to back. The digest (blake2b-256) covers
-header + payload, so any flipped byte is caught; the key recomputed from the header must equal
-the file name, so a renamed or swapped-in file is caught too.
+the payload is those tensors' raw C-order bytes back to back. The digest covers header + payload,
+so any flipped byte is caught: blake2b-256 over the header and the blake2b digests of the
+payload's pieces (each tensor cut into PIECE-byte pieces), which are hashed on several threads
+(hashlib lets go of the GIL), so verifying a gigabyte is not a second of one core. The key
+recomputed from the header must equal the file name, so a renamed or swapped-in file is caught.
 """
 
 import hashlib
 import importlib
 import json
+import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -20,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import _BaseCache
 
-FORMAT_VERSION = 1  # bump when the on-disk format changes; part of every key
+FORMAT_VERSION = 2  # bump when the on-disk format changes; part of every key
 MAGIC = b"MLXDKV\x00\x00"
 PREFIX = len(MAGIC) + 8
 DIGEST = 32
@@ -38,6 +42,26 @@ DTYPES: dict[str, tuple[mx.Dtype, np.dtype]] = {
     )
 }  # fmt: skip
 _NAMES = {mx_dtype: name for name, (mx_dtype, _) in DTYPES.items()}
+
+
+PIECE = 16 << 20  # bytes per separately hashed piece of the payload
+_POOL = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="mlxd-hash")
+
+
+def _pieces(buffers: list[memoryview]) -> list[memoryview]:
+    return [b[i : i + PIECE] for b in buffers for i in range(0, max(len(b), 1), PIECE)]
+
+
+def digest(header: bytes, buffers: list[memoryview]) -> bytes:
+    """The file's digest over the header and the tensors' bytes (flat byte views)."""
+
+    def one(piece: memoryview) -> bytes:
+        return hashlib.blake2b(piece, digest_size=DIGEST).digest()
+
+    h = hashlib.blake2b(header, digest_size=DIGEST)
+    for d in _POOL.map(one, _pieces(buffers)):
+        h.update(d)
+    return h.digest()
 
 
 class FormatError(ValueError):
@@ -142,13 +166,11 @@ def file_size(header_len: int, payload_nbytes: int) -> int:
 
 def write(f: IO[bytes], header: bytes, views: list[memoryview]) -> None:
     """Stream the entry into `f` (no MLX calls: raw bytes through the buffer protocol)."""
-    digest = hashlib.blake2b(header, digest_size=DIGEST)
+    flat = [(v if v.c_contiguous else memoryview(v.tobytes())).cast("B") for v in views]
     f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-    for v in views:
-        chunk = v if v.c_contiguous else v.tobytes()
-        digest.update(chunk)
+    for chunk in flat:
         f.write(chunk)
-    f.write(digest.digest())
+    f.write(digest(header, flat))
 
 
 def parse_header(prefix: bytes, header: bytes, size: int) -> dict[str, Any]:
@@ -183,26 +205,40 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
         return parse_header(prefix, f.read(n), size), size
 
 
-def read(data: bytes, key: str, namespace: str) -> tuple[dict[str, Any], list[Any]]:
-    """Verify a whole file's bytes against the entry asked for; rebuild its cache layers."""
+def read(data: Any, key: str, namespace: str) -> tuple[dict[str, Any], list[Any]]:
+    """Verify a whole file's bytes (bytes, or a memoryview of a mapped file) against the entry
+    asked for; rebuild its cache layers."""
+    data = memoryview(data).cast("B")
     n = struct.unpack("<Q", data[len(MAGIC) : PREFIX])[0] if len(data) >= PREFIX else -1
     if not 0 <= n <= min(MAX_HEADER, len(data)):
         raise FormatError(f"header length {n}")
-    header = data[PREFIX : PREFIX + n]
-    h = parse_header(data[:PREFIX], header, len(data))
+    header = bytes(data[PREFIX : PREFIX + n])
+    h = parse_header(bytes(data[:PREFIX]), header, len(data))
     if h["namespace"] != namespace:
         raise FormatError(f"namespace {h['namespace']!r}, asked for {namespace!r}")
     if content_key(h["namespace"], h["tokens"]) != key:
         raise FormatError("the header's namespace/tokens do not hash to the file's key")
-    payload = memoryview(data)[PREFIX + n : len(data) - DIGEST]
-    digest = hashlib.blake2b(header, digest_size=DIGEST)
-    digest.update(payload)
-    if digest.digest() != data[len(data) - DIGEST :]:
+    payload = data[PREFIX + n : len(data) - DIGEST]
+    if digest(header, _split(h, payload)) != bytes(data[len(data) - DIGEST :]):
         raise FormatError("checksum mismatch")
     try:
         return h, _rebuild(h, payload)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, ImportError) as e:
         raise FormatError(f"cannot rebuild the layers: {e!r}") from e
+
+
+def _split(h: dict[str, Any], payload: memoryview) -> list[memoryview]:
+    """The payload cut at the tensors' boundaries (as written), from the header's table."""
+    out, at = [], 0
+    for name, shape in h.get("tensors") or []:
+        if name not in DTYPES or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise FormatError(f"tensor {name!r} {shape!r}")
+        n = int(np.prod(shape, dtype=np.int64)) * DTYPES[name][1].itemsize
+        out.append(payload[at : at + n])
+        at += n
+    if at != len(payload):
+        raise FormatError(f"tensors take {at} bytes, payload has {len(payload)}")
+    return out
 
 
 def _rebuild(h: dict[str, Any], payload: memoryview) -> list[Any]:

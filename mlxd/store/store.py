@@ -27,6 +27,10 @@ class Hit:
     source: str  # "ram" or "ssd"
 
 
+def _ema(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else old + weight * (new - old)
+
+
 class PrefixStore:
     def __init__(
         self,
@@ -39,9 +43,15 @@ class PrefixStore:
         """`grid` > 0 is the deterministic mode: hits and snapshots only at multiples of it."""
         self.ram = RAMTier(max_bytes if max_bytes is not None else 1 << 62, max_entries)
         self.ssd, self.demote_idle_s, self.grid = ssd, demote_idle_s, grid
-        self.counts = {"lookups": 0, "hits": 0, "ssd_hits": 0, "hit_tokens": 0, "inserted": 0}
+        self.counts = {
+            "lookups": 0, "hits": 0, "ssd_hits": 0, "hit_tokens": 0, "inserted": 0,
+            "ssd_skipped": 0,  # a disk entry that would have restored slower than a prefill
+        }  # fmt: skip
         self._last_tick = time.monotonic()
         self.closed = False
+        # Measured speeds (exponential averages): the disk tier competes with recomputing.
+        self.prefill_tokens_per_s: float | None = None
+        self.restore_bytes_per_s: float | None = None
         self.version = 0  # changes whenever what a lookup could return may have changed
 
     def _best(self, namespace: str, tokens: np.ndarray) -> tuple[Entry | Any, int, str] | None:
@@ -53,10 +63,26 @@ class PrefixStore:
             n = min(n, limit)
             if self.grid:
                 n = n // self.grid * self.grid
+            have = best[1] if best else 0
             ok = n == len(entry.tokens) or entry.trimmable
-            if ok and n > (best[1] if best else 0):
+            if ok and n > have and self._worth(entry, n - have):
                 best = (entry, n, "ssd")
         return best
+
+    def _worth(self, entry: Any, gain: int) -> bool:
+        """Restore from disk only when it is expected to beat prefilling the `gain` tokens (a
+        small model on a fast GPU can recompute 8k tokens faster than it reads their KV)."""
+        fill, read = self.prefill_tokens_per_s, self.restore_bytes_per_s
+        if fill is None or read is None:
+            return True
+        if entry.nbytes / read < gain / fill:
+            return True
+        self.counts["ssd_skipped"] += 1
+        return False
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds > 0:
+            self.prefill_tokens_per_s = _ema(self.prefill_tokens_per_s, tokens / seconds)
 
     def peek(self, namespace: str, tokens: Sequence[int]) -> int:
         """How many leading tokens a lookup would serve (no clone, no disk read)."""
@@ -78,13 +104,17 @@ class PrefixStore:
             self.counts["hits"] += 1
             self.counts["ssd_hits"] += source == "ssd"
             self.counts["hit_tokens"] += n
-            return Hit(layers.clone(entry.cache, len(entry.tokens) - n), n, source)
+            cache = layers.clone(entry.cache, len(entry.tokens) - n)
+            return Hit(layers.compact(cache) if self.grid else cache, n, source)
         return None
 
     def _restore(self, namespace: str, disk: Any) -> Entry | None:
+        tic = time.perf_counter()
         cache = self.ssd.restore(disk)
         if cache is None:  # corrupt: quarantined by the tier, never served
             return None
+        rate = disk.nbytes / max(time.perf_counter() - tic, 1e-6)
+        self.restore_bytes_per_s = _ema(self.restore_bytes_per_s, rate)
         entry = Entry(namespace, np.asarray(disk.tokens, dtype=np.int32), cache,
                       layers.nbytes(cache), disk.kind, disk.trimmable, on_disk=True)  # fmt: skip
         self._add(entry)  # kept in RAM when it fits; served either way

@@ -6,6 +6,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mlxd.store.ssd import FORMAT_VERSION
+
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 1200}
 
 
@@ -48,7 +50,7 @@ def test_a_corrupt_disk_entry_is_never_served(make_server, tmp_path: Path) -> No
     first = make_server(ssd_cache=str(ssd))
     clean = chat(first.url, messages)
     first.stop()
-    files = [p for p in (ssd / "v1").iterdir() if p.is_file()]
+    files = [p for p in (ssd / f"v{FORMAT_VERSION}").iterdir() if p.is_file()]
     assert files
     for path in files:  # flip bytes in the middle of every payload
         data = bytearray(path.read_bytes())
@@ -120,4 +122,4 @@ def test_sigterm_flushes_the_disk_tier(qwen3_model_dir: Path, tmp_path: Path) ->
     finally:
         proc.kill()
     assert "prefix store closed" in err and "'written': 0" not in err, err[-2000:]
-    assert list((tmp_path / "ssd" / "v1").iterdir())
+    assert list((tmp_path / "ssd" / f"v{FORMAT_VERSION}").iterdir())

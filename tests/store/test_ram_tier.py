@@ -100,3 +100,22 @@ def test_idle_entries_are_demoted_to_disk_and_leave_ram(tmp_path: Path) -> None:
     assert mx.array_equal(hit.cache[0].state[0], kv(64)[0].state[0]).item()
     assert len(store.ram) == 1  # restored entries come back to RAM
     store.close()
+
+
+def test_disk_is_skipped_when_recomputing_is_faster(tmp_path: Path) -> None:
+    """The disk tier competes with prefilling: with measured speeds that make a restore slower
+    than recomputing the tokens, the lookup misses instead (and counts the skip)."""
+    ssd = SSDTier(tmp_path, 1 << 30)
+    store = PrefixStore(max_entries=10, ssd=ssd)
+    tokens = list(range(1, 65))
+    store.insert("m", tokens, kv(64))
+    ssd.flush()
+    store.ram.remove(store.ram.entries()[0])  # only the disk has it now
+    nbytes = ssd.match("m", tokens)[0].nbytes
+    store.restore_bytes_per_s = float(nbytes)  # one second to read it
+    store.observe_prefill(64_000, 1.0)  # 64 tokens in a millisecond
+    assert store.lookup("m", tokens + [99]) is None and store.counts["ssd_skipped"] >= 1
+    store.prefill_tokens_per_s = 10.0  # 6.4 s to recompute: now the disk wins
+    hit = store.lookup("m", tokens + [99])
+    assert hit is not None and hit.source == "ssd"
+    store.close()
