@@ -78,14 +78,15 @@ class ModelProvider:
             tokenizer.chat_template = tokenizer.default_chat_template
         a = self.args
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-        store, namespace = make_store(a, folder, adapter)
+        kv_budget = kv_budget_from(a, weights)
+        store, namespace = make_store(a, folder, adapter, kv_budget)
         engine = Engine(
             model,
             batch=a.batch,
             max_queue=a.max_queue,
             prefill_step_size=a.prefill_step_size,
             tokenizer=tokenizer,
-            kv_budget=kv_budget_from(a, weights),
+            kv_budget=kv_budget,
             batch_config=BatchConfig(
                 a.batch, min(a.batch, a.prompt_concurrency), a.prefill_step_size
             ),

@@ -123,3 +123,13 @@ def test_sigterm_flushes_the_disk_tier(qwen3_model_dir: Path, tmp_path: Path) ->
         proc.kill()
     assert "prefix store closed" in err and "'written': 0" not in err, err[-2000:]
     assert list((tmp_path / "ssd" / f"v{FORMAT_VERSION}").iterdir())
+
+
+def test_a_kv_budget_also_bounds_the_store(make_server) -> None:
+    """Stored caches are KV too: without --prompt-cache-bytes, the KV budget caps the store
+    (running rows counted, as mlx_lm.server counts them against --prompt-cache-bytes)."""
+    assert make_server().state.provider.default.engine.sharing.store.ram.max_bytes > 1 << 60
+    live = make_server(kv_budget=64 << 20)
+    assert live.state.provider.default.engine.sharing.store.ram.max_bytes == 64 << 20
+    live = make_server(kv_budget=64 << 20, prompt_cache_bytes=8 << 20)
+    assert live.state.provider.default.engine.sharing.store.ram.max_bytes == 8 << 20
