@@ -177,3 +177,26 @@ def test_a_request_with_its_own_cache_bypasses_the_store(engine, tiny_lm) -> Non
     own = make_prompt_cache(tiny_lm("qwen3"))
     _, _, h = run(e, prompt, prompt_cache=own)
     assert h.done.cached_tokens == 0 and own[0].offset >= len(prompt)
+
+
+def test_a_batched_donor_shares_its_prefix_too(tiny_lm) -> None:
+    """While another row decodes, the donor of a shared prefix prefills inside the batch; the
+    others wait for the snapshot its batched prefill takes, then hit it."""
+    model = CountingModel(tiny_lm("qwen3"))
+    e = Engine(model, batch=4, prefix_store=PrefixStore(max_entries=50), namespace="tiny")
+    try:
+        busy = e.submit(GenerationRequest(prompt=mx.array(words(60, 16)), max_tokens=200))
+        next(iter(busy))  # it decodes: new rows now join a batch
+        prefix = words(61, 384)
+        prompts = [prefix + [30000 + i] + words(62 + i, 7) for i in range(3)]
+        handles = e.submit_many(
+            [GenerationRequest(prompt=mx.array(p), max_tokens=2) for p in prompts]
+        )
+        for h in handles:
+            list(h)
+        busy.cancel()
+        list(busy)
+        assert e.paths["batched"] >= 3 and e.paths["waited for a shared prefix"] == 2, e.paths
+        assert sorted(h.done.cached_tokens for h in handles)[1:] == [len(prefix)] * 2
+    finally:
+        e.close()
