@@ -86,24 +86,22 @@ class RAMTier:
         self._lru[entry.kind].move_to_end(id(entry))
 
     def insert(self, entry: Entry) -> list[Entry]:
-        """Add `entry` (replacing one with the same tokens); returns what left the tier: the
-        replaced entry, prefixes it supersedes, and evictions."""
+        """Add `entry` (replacing one with the same tokens, dropping the prefixes it
+        supersedes); returns the entries evicted to make room (or `entry`, if it cannot fit)."""
         if entry.nbytes > self.max_bytes or self.max_entries <= 0:
             return [entry]
-        gone = []
         if (old := self.find(entry.namespace, entry.tokens)) is not None:
-            gone.append(self.remove(old))
+            self.remove(old)
         if entry.trimmable:  # a trimmable entry serves every prefix of itself (mlx-lm drops them)
             for e in list(self._entries.get(entry.namespace, ())):
                 n = len(e.tokens)
                 if n < len(entry.tokens) and e.exact <= entry.exact:
                     if bool((entry.tokens[:n] == e.tokens).all()):
-                        gone.append(self.remove(e))
+                        self.remove(e)
         self._entries[entry.namespace].append(entry)
         self._lru[entry.kind][id(entry)] = entry
         self.nbytes += entry.nbytes
-        gone += self.trim_to(self.max_bytes, self.max_entries)
-        return gone
+        return self.trim_to(self.max_bytes, self.max_entries)
 
     def remove(self, entry: Entry) -> Entry:
         self._entries[entry.namespace].remove(entry)

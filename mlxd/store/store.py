@@ -138,7 +138,9 @@ class PrefixStore:
         entry = Entry(namespace, arr, cache, layers.nbytes(cache), kind, trim, exact)
         self.counts["inserted"] += 1
         self._add(entry)
-        if self.ssd is not None and not entry.on_disk:
+        # Written through for restarts, except a trimmable prompt-boundary snapshot: the row's
+        # whole cache follows when it ends and serves it (it still goes to disk if evicted).
+        if self.ssd is not None and not entry.on_disk and not (kind == "user" and trim):
             entry.on_disk = self.ssd.submit(namespace, arr.tolist(), cache, kind)
 
     def _add(self, entry: Entry) -> None:

@@ -200,3 +200,19 @@ def test_a_batched_donor_shares_its_prefix_too(tiny_lm) -> None:
         assert sorted(h.done.cached_tokens for h in handles)[1:] == [len(prefix)] * 2
     finally:
         e.close()
+
+
+def test_a_turn_writes_its_whole_cache_to_disk_once(engine, tmp_path) -> None:
+    """The prompt-boundary snapshot of a trimmable cache stays in RAM (the row's whole cache
+    supersedes it); only the final entry is written through, and it serves the next turn."""
+    from mlxd.store.ssd import SSDTier
+
+    ssd = SSDTier(tmp_path, 1 << 30)
+    e = engine(store=PrefixStore(max_entries=10, ssd=ssd))
+    prompt = words(70, 100)
+    toks, _, _ = run(e, prompt, max_tokens=4)
+    ssd.flush()
+    assert ssd.stats()["entries"] == 1
+    namespace = e.sharing.namespace(GenerationRequest(prompt=mx.array(prompt)))
+    entry, n = ssd.match(namespace, prompt + toks)
+    assert len(entry.tokens) >= len(prompt) + len(toks) - 1 and n == len(entry.tokens)
