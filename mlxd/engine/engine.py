@@ -178,6 +178,24 @@ class Engine(PrefixRows):
             self.sharing.prune({id(r) for r in self._running_requests()})
             defer = self.sharing.defer
         joiners = self.admission.take(self._active, self._alone, busy, defer)
+        if not joiners:
+            return
+        taken = [h for _, handle in joiners for h in [handle, *self._groups.get(id(handle), [])]]
+        try:
+            self._start(joiners)
+        except Exception as e:
+            # Taken but not yet rows: nobody else would ever end them (the loop's handler ends
+            # the running rows). Ones sent back to wait are still queued.
+            live = {id(h) for h in self._active()}
+            with self.admission.wake:
+                live |= {id(h) for _, h in self.admission.waiting}
+            for h in taken:
+                if id(h) not in live and h.done is None:
+                    h.put(DoneEvent("error", e))
+            raise
+
+    def _start(self, joiners: list) -> None:
+        """Turn this round's joiners into rows: forks, a serial row, or batch joiners."""
         for req, handle in [j for j in joiners if j[0].n > 1]:
             handles = [handle, *self._groups.pop(id(handle), [])]
             plan = self._plan(req)
@@ -338,7 +356,7 @@ class Engine(PrefixRows):
                 if self._batch is not None:
                     self._batch_turn()
                 if self.sharing is not None:
-                    self.sharing.store.tick()
+                    self.sharing.tick()
                 self._busy_s += time.perf_counter() - tic
             except Exception as e:  # noqa: BLE001 - the loop must outlive any one turn's failure
                 log.exception("engine turn failed; its rows end with the error")

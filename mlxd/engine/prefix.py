@@ -5,6 +5,7 @@ A request whose prompt shares a long prefix with a row that is about to snapshot
 that snapshot instead of computing the same tokens again (one prefill for a shared prefix).
 """
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from ..store import PrefixStore
 from ..store.ram import common_prefix
 from .request import GenerationRequest
 
+log = logging.getLogger("mlxd.store")
 SHARE_MIN = 64  # a shared prefix shorter than this is cheaper to recompute than to wait for
 
 
@@ -70,7 +72,11 @@ class PrefixSharing:
         """Look the prompt up; the clone it returns is the row's to write."""
         ns = self.namespace(req)
         tokens = req.prompt.tolist()
-        hit = self.store.lookup(ns, tokens)
+        try:
+            hit = self.store.lookup(ns, tokens)
+        except Exception:  # noqa: BLE001 - a store failure costs a miss, never the row
+            log.exception("prefix store lookup failed; the row prefills its whole prompt")
+            hit = None
         plan = Plan(ns, hit.cache, hit.length) if hit is not None else Plan(ns)
         plan.cuts = cuts_for(req, plan.start, self.grid)
         req.cached_tokens = plan.start
@@ -153,7 +159,7 @@ class PrefixSharing:
         a row prefilled alone computed it as a miss would."""
         kind = next((k for c, k in plan.cuts if c == at), "user")
         exact = 0 if self.grid and not solo else -1
-        self.store.insert(plan.namespace, req.prompt[:at].tolist(), cache, kind, exact)
+        self._insert(plan.namespace, req.prompt[:at].tolist(), cache, kind, exact)
         self.landed(req, at)
 
     def finish(
@@ -164,5 +170,24 @@ class PrefixSharing:
         exact = -1
         if self.grid:
             exact = (len(req.prompt) - 1) // self.grid * self.grid if solo else 0
-        self.store.insert(plan.namespace, tokens, cache, "assistant", exact)
+        self._insert(plan.namespace, tokens, cache, "assistant", exact)
         self.forget(req)
+
+    def tick(self) -> None:
+        """The store's idle demotion, guarded like every other store call."""
+        try:
+            self.store.tick()
+        except Exception:  # noqa: BLE001 - demotion can wait; the rows cannot
+            log.exception("prefix store demotion failed")
+
+    def trim(self, max_bytes: int) -> None:
+        try:
+            self.store.trim_to(max_bytes)
+        except Exception:  # noqa: BLE001
+            log.exception("prefix store trim failed")
+
+    def _insert(self, namespace: str, tokens: list[int], cache: list[Any], *args: Any) -> None:
+        try:
+            self.store.insert(namespace, tokens, cache, *args)
+        except Exception:  # noqa: BLE001 - a store failure costs an entry, never the row
+            log.exception("prefix store insert failed; the entry is not kept")

@@ -70,7 +70,7 @@ class PrefixRows:
         if self._batch is not None:
             active += self._batch.gen.prompt_cache_nbytes
         if active:
-            self.sharing.store.trim_to(cap - active)
+            self.sharing.trim(cap - active)
 
     def _keep(self, row: SerialRow, done: DoneEvent) -> None:
         """A serial row's cache goes to the prefix store when it ends (not after an error)."""

@@ -113,3 +113,42 @@ def test_random_load(model, batch: int) -> None:
         assert mx.get_active_memory() <= baseline + 64 * 1024
     finally:
         engine.close()
+
+
+def test_a_failure_while_starting_rows_ends_them(model, monkeypatch) -> None:
+    """Joiners taken from the queue but not yet rows when admission fails get the error (they
+    used to wait forever); the engine then serves the next requests."""
+    from mlxd.engine import batch as batch_module
+
+    e = Engine(model, batch=4)
+    try:
+        real = batch_module.BatchedRows.insert
+        calls = {"n": 0}
+
+        def fail_once(self, *args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("insert failed")
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(batch_module.BatchedRows, "insert", fail_once)
+        reqs = [GenerationRequest(prompt=mx.array([5, 6, 7 + i]), max_tokens=3) for i in range(2)]
+        handles = e.submit_many(reqs)
+        errors: list[BaseException] = []
+
+        def consume() -> None:
+            for h in handles:
+                try:
+                    list(h)
+                except RuntimeError as err:
+                    errors.append(err)
+
+        reader = threading.Thread(target=consume, daemon=True)
+        reader.start()
+        reader.join(timeout=60)
+        assert not reader.is_alive(), "a taken request never ended"
+        assert [str(err) for err in errors] == ["insert failed"] * 2
+        again = e.submit_many([GenerationRequest(prompt=mx.array([9, 9]), max_tokens=2)] * 2)
+        assert [len(list(h)) for h in again] == [2, 2]
+    finally:
+        e.close()

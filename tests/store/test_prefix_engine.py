@@ -216,3 +216,30 @@ def test_a_turn_writes_its_whole_cache_to_disk_once(engine, tmp_path) -> None:
     namespace = e.sharing.namespace(GenerationRequest(prompt=mx.array(prompt)))
     entry, n = ssd.match(namespace, prompt + toks)
     assert len(entry.tokens) >= len(prompt) + len(toks) - 1 and n == len(entry.tokens)
+
+
+def test_a_failing_store_costs_hits_not_rows(engine, monkeypatch) -> None:
+    """Lookups, inserts and demotion that raise are logged; every row still completes with the
+    tokens of an engine without a store."""
+    plain = Engine(engine().model, batch=4)
+    try:
+        e = engine()
+        store = e.sharing.store
+
+        def boom(*_a, **_k):
+            raise MemoryError("no room")
+
+        for name in ("lookup", "insert", "tick", "trim_to"):
+            monkeypatch.setattr(store, name, boom)
+        prompts = [words(80 + i, 40) for i in range(3)]
+        for p in prompts:
+            toks, _, h = run(e, p)
+            assert h.done.reason == "length" and h.done.cached_tokens == 0
+            assert toks == run(plain, p)[0]
+        reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=3) for p in prompts]
+        handles = e.submit_many(reqs)
+        for h in handles:
+            list(h)
+        assert [h.done.reason for h in handles] == ["length"] * 3
+    finally:
+        plain.close()
