@@ -17,7 +17,7 @@ SERVE_METRICS = [
 ]
 
 
-def _cell(s: dict[str, Any] | None, digits: int) -> str:
+def cell(s: dict[str, Any] | None, digits: int) -> str:
     if s is None:
         return "n/a"
     if s["min"] == s["max"]:
@@ -43,7 +43,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n, per in result["summary"].items():
         for side in sides:
-            cells = [_cell(per[side].get(k), d) for k, _, _, d in SERVE_METRICS]
+            cells = [cell(per[side].get(k), d) for k, _, _, d in SERVE_METRICS]
             counts = [str(per[side]["requests"]), str(per[side]["output_tokens"])]
             lines.append(f"| {n} | {LABEL[side]} | " + " | ".join(cells + counts) + " |")
         if len(sides) == 2:

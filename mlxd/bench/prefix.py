@@ -6,7 +6,6 @@
 Every round gets a system prompt of its own, so no round is served by an earlier one's entries."""
 
 import asyncio
-import json
 import shlex
 import signal
 import subprocess
@@ -20,7 +19,7 @@ import httpx
 
 from .fleet import Workload, banned_tokens, build_workload, stream_chat
 from .prefix_report import markdown, summarize
-from .serve import load_tokenizer, resolve_model, run_side
+from .serve import load_tokenizer, resolve_model, run_side, save_json
 from .servers import Server, command, free_port
 
 SECTIONS = ("agents", "restart", "fleet")
@@ -223,19 +222,14 @@ def run_prefix(args: Any) -> int:
     }
     for name in args.sections:
         result["sections"][name] = RUNNERS[name](b)
-        _save(result, args)  # after every section, so a run cut short keeps what it measured
+        save_json(result, args)  # after every section, so a run cut short keeps what it measured
     result["summary"] = summarize(result)
-    _save(result, args)
+    save_json(result, args)
     table = markdown(result)
     if args.markdown:
         Path(args.markdown).write_text(table)
     print(table, flush=True)
     return _verdict(result)
-
-
-def _save(result: dict[str, Any], args: Any) -> None:
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
 
 
 def _verdict(result: dict[str, Any]) -> int:

@@ -4,6 +4,7 @@
 import statistics
 from typing import Any
 
+from .plot import cell
 from .report import spread
 from .serve import summarize as serve_summarize
 
@@ -98,14 +99,6 @@ def count_errors(secs: dict[str, Any]) -> int:
     return n
 
 
-def _cell(s: dict[str, Any] | None, digits: int) -> str:
-    if s is None:
-        return "n/a"
-    if s["min"] == s["max"]:
-        return f"{s['median']:.{digits}f}"
-    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
-
-
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
@@ -114,7 +107,7 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 def _agents_md(s: dict[str, Any]) -> list[str]:
     head = ["agent", "TTFT s", "cached tokens", "prompt tokens"]
     rows = [
-        [label, _cell(s[f"{w}_ttft_s"], 3), _cell(s[f"{w}_cached"], 0), _cell(s[f"{w}_prompt"], 0)]
+        [label, cell(s[f"{w}_ttft_s"], 3), cell(s[f"{w}_cached"], 0), cell(s[f"{w}_prompt"], 0)]
         for w, label in (("a", "A (cold)"), ("b", "B (shared prefix)"))
     ]
     return [
@@ -122,7 +115,7 @@ def _agents_md(s: dict[str, Any]) -> list[str]:
         "",
         *_table(head, rows),
         "",
-        f"**TTFT cold / warm (A / B): {_cell(s['cold_over_warm'], 2)}** (per-round ratio)",
+        f"**TTFT cold / warm (A / B): {cell(s['cold_over_warm'], 2)}** (per-round ratio)",
         "",
     ]
 
@@ -130,7 +123,7 @@ def _agents_md(s: dict[str, Any]) -> list[str]:
 def _restart_md(s: dict[str, Any]) -> list[str]:
     head = ["request", "TTFT s", "cached tokens", "prompt tokens"]
     rows = [
-        [label, _cell(s[f"{w}_ttft_s"], 3), _cell(s[f"{w}_cached"], 0), _cell(s[f"{w}_prompt"], 0)]
+        [label, cell(s[f"{w}_ttft_s"], 3), cell(s[f"{w}_cached"], 0), cell(s[f"{w}_prompt"], 0)]
         for w, label in (
             ("first", "server 1, cold (--ssd-cache)"),
             ("restored", "server 2, restored from disk"),
@@ -143,7 +136,7 @@ def _restart_md(s: dict[str, Any]) -> list[str]:
         "",
         *_table(head, rows),
         "",
-        f"**TTFT re-prefill / restored: {_cell(s['reprefill_over_restored'], 2)}** (per-round "
+        f"**TTFT re-prefill / restored: {cell(s['reprefill_over_restored'], 2)}** (per-round "
         f"ratio); server 1 exit codes {codes}, killed after the stop timeout: {s['killed']}",
         "",
     ]
@@ -155,7 +148,7 @@ def _fleet_md(per_n: dict[str, Any]) -> list[str]:
     for n, per in per_n.items():
         for mode in ("on", "off"):
             f = per[mode]
-            cells = [_cell(f.get(k), d) for k, _, d in FLEET_KEYS]
+            cells = [cell(f.get(k), d) for k, _, d in FLEET_KEYS]
             counts = [_num(f["prompt_tokens"]), _num(f["cached_tokens"])]
             rows.append([n, mode, *cells, *counts])
         ratios = [per["ratio"].get(k) for k, *_ in FLEET_KEYS]

@@ -154,9 +154,9 @@ def run_serve(args: Any) -> int:
     }
     for side in sides:
         result["sides"][side] = run_side(side, args, model, wls, log_dir)
-        _save(result, args)
+        save_json(result, args)
     result["summary"] = summarize(result, args.agents)
-    _save(result, args)
+    save_json(result, args)
     table = markdown(result)
     if args.markdown:
         Path(args.markdown).write_text(table)
@@ -166,7 +166,7 @@ def run_serve(args: Any) -> int:
     return _verdict(result)
 
 
-def _save(result: dict[str, Any], args: Any) -> None:
+def save_json(result: dict[str, Any], args: Any) -> None:
     # After every side, so a run killed at a time limit keeps what it measured.
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))

@@ -30,6 +30,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, proc: Any, timeout: float = 120) -> bool:
+    """Poll `url`/health until it answers 200; False if `proc` (a Popen) exits or time runs out."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
 @dataclass
 class LiveServer:
     url: str  # http://127.0.0.1:PORT

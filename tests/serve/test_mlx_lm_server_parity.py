@@ -9,13 +9,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import LiveServer, free_port, start_server
+from conftest import LiveServer, free_port, start_server, wait_healthy
 
 # Fields that legitimately differ: ids, timestamps, the fingerprint, mlxd's additions.
 VOLATILE = {"id", "created", "system_fingerprint"}
@@ -29,17 +28,9 @@ def mlx_lm_server(qwen3_model_dir: Path) -> Iterator[str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(f"mlx_lm.server did not start: {proc.stderr.read().decode()}")
-        time.sleep(0.2)
+    if not wait_healthy(url, proc):
+        proc.kill()
+        raise RuntimeError(f"mlx_lm.server did not start: {proc.stderr.read().decode()}")
     yield url
     proc.terminate()
     proc.wait(timeout=30)

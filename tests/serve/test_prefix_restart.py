@@ -97,9 +97,8 @@ def test_sigterm_flushes_the_disk_tier(qwen3_model_dir: Path, tmp_path: Path) ->
     import signal
     import subprocess
     import sys
-    import time
 
-    from conftest import free_port
+    from conftest import free_port, wait_healthy
 
     port = free_port()
     cmd = [sys.executable, "-m", "mlxd", "serve", "--model", str(qwen3_model_dir)]
@@ -107,15 +106,7 @@ def test_sigterm_flushes_the_disk_tier(qwen3_model_dir: Path, tmp_path: Path) ->
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.time() < deadline, "the server did not start"
-            time.sleep(0.2)
+        assert wait_healthy(url, proc), "the server did not start"
         chat(url, [{"role": "user", "content": "Hello there"}])
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
