@@ -183,7 +183,7 @@ class PrefixSharing:
     def trim(self, max_bytes: int) -> None:
         try:
             self.store.trim_to(max_bytes)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a trim can wait; the rows cannot
             log.exception("prefix store trim failed")
 
     def _insert(self, namespace: str, tokens: list[int], cache: list[Any], *args: Any) -> None:
