@@ -73,6 +73,19 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False,
         rope_scaling=dict(_LLAMA3_ROPE, factor=8.0),
     ),
+    # Qwen3-0.6B's graph (28 layers, same ops) at tiny widths: the host's per-step work
+    # dominates, as it does for 0.6B on a GPU. For profiling the host side on a CPU machine.
+    "qwen3-host": dict(
+        _QWEN3,
+        vocab_size=1024,
+        hidden_size=64,
+        head_dim=16,
+        num_hidden_layers=28,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        tie_word_embeddings=True,
+    ),
     # Small enough for a 2-core CI box.
     "tiny": dict(
         _LLAMA3,

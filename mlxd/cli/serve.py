@@ -166,6 +166,18 @@ def _http_group(p: argparse.ArgumentParser) -> None:
         "on the command line win",
     )
     g.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="event loop, as uvicorn's --loop (default: auto, uvloop where installed)",
+    )
+    g.add_argument(
+        "--http",
+        choices=("auto", "h11", "httptools"),
+        default="auto",
+        help="HTTP parser, as uvicorn's --http (default: auto, httptools where installed)",
+    )
+    g.add_argument(
         "--log-level",
         type=str,
         default="INFO",

@@ -22,7 +22,7 @@ from mlx_lm.generate import generation_stream
 from .admission import Admission, Overloaded
 from .batch import BatchConfig, BatchedRow, BatchedRows, batchable
 from .fork import ForkJob
-from .handle import RequestHandle
+from .handle import RequestHandle, wake
 from .materialize import materialize
 from .moves import Serial, last_row_out, serial_into_batch
 from .output import RowOutput, prepare
@@ -330,9 +330,11 @@ class Engine(PrefixRows):
             batch.close()
             self.last_batch_stats, self._batch = batch.stats, None
             self.last_batch_key = batch.final_key
+        watchers = []
         for handle, event in events:
             self._tokens += isinstance(event, TokenEvent)
-            handle.put(event)
+            watchers += handle.put_quiet(event)
+        wake(watchers)
 
     def _shutdown(self) -> None:
         handles = self._active() + self.admission.drain()

@@ -11,6 +11,23 @@ from .request import DoneEvent, TokenEvent
 Event = TokenEvent | DoneEvent
 
 
+def wake(watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
+    """Set the readers' flags, with one thread-safe call (one self-pipe write) per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+    for loop, flag in watchers:
+        by_loop.setdefault(loop, []).append(flag)
+    for loop, flags in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_set_all, flags)
+        except RuntimeError:  # that event loop is closed: nobody is waiting there any more
+            pass
+
+
+def _set_all(flags: list[asyncio.Event]) -> None:
+    for flag in flags:
+        flag.set()
+
+
 class RequestHandle:
     """Iterate for TokenEvents (blocking or `async for`); `done` holds the final DoneEvent."""
 
@@ -26,13 +43,21 @@ class RequestHandle:
     # engine side
     def put(self, event: Event) -> None:
         self._events.put(event)
+        wake(self._watching())
+
+    def put_quiet(self, event: Event) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]:
+        """Queue `event` without waking anyone; the caller passes the result to `wake` (one
+        wake-up per event loop for a whole batched step, not one per row)."""
+        self._events.put(event)
+        return self._watching()
+
+    def _watching(self) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]:
         with self._lock:
-            watchers = list(self._watchers)
-        for loop, flag in watchers:
-            try:
-                loop.call_soon_threadsafe(flag.set)
-            except RuntimeError:  # that event loop is closed: nobody is waiting there any more
-                pass
+            return list(self._watchers)
+
+    def pending(self) -> bool:
+        """Events are queued that the reader has not taken yet (it is behind the engine)."""
+        return not self._events.empty()
 
     @property
     def cancelled(self) -> bool:

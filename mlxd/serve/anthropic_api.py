@@ -46,7 +46,7 @@ async def messages(request: Request) -> Response:
     await gen.start(state.args)
     reply = events(gen, model, StopWords(served.tokenizer, params.stop), conv.prefill)
     if stream:
-        return sse.stream(_frames(reply))
+        return sse.stream(_frames(reply), gen.behind)
     message = await until_done_or_disconnect(request, fold(reply), gen)
     return JSONResponse(message)
 

@@ -157,6 +157,10 @@ class Generation:
         except RuntimeError as e:  # the engine is closing
             raise APIError(503, str(e), headers={"Retry-After": "5"}) from e
 
+    def behind(self) -> bool:
+        """Token events are waiting that this request has not turned into chunks yet."""
+        return any(h.pending() for h in self.handles)
+
     def cancel(self) -> None:
         for handle in self.handles:
             handle.cancel()

@@ -68,6 +68,13 @@ def serve(args: argparse.Namespace) -> None:
     app = build_app(state)
     log.info("serving %s on http://%s:%d", state.provider.default.name, args.host, args.port)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level.lower(),
+            loop=getattr(args, "loop", "auto"),
+            http=getattr(args, "http", "auto"),
+        )
     finally:
         state.provider.close()

@@ -202,7 +202,7 @@ class Completion:
         gen = Generation(served, prompt, self.params, self.tools, self.state.metrics, endpoint)
         await gen.start(self.state.args)
         if self.stream:
-            return sse.stream(self._frames(gen, served))
+            return sse.stream(self._frames(gen, served), gen.behind)
         return await until_done_or_disconnect(request, self._whole(gen, served), gen)
 
     async def _whole(self, gen: Generation, served: Served) -> Response:

@@ -156,7 +156,7 @@ async def create_response(request: Request) -> Response:
     model = body.get("model") or served.name
     run = ResponseRun(req.head(model), gen, items, state.store if req.store else None)
     if req.stream:
-        return sse.stream(run.frames())
+        return sse.stream(run.frames(), gen.behind)
     return JSONResponse(await until_done_or_disconnect(request, run.whole(), gen))
 
 
