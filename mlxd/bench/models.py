@@ -18,6 +18,8 @@ _QWEN3 = dict(
     rms_norm_eps=1e-6,
     rope_theta=1000000.0,
     max_position_embeddings=40960,
+    bos_token_id=151643,  # the Qwen3 tokenizer's, for folders written by random_model
+    eos_token_id=151645,
 )
 _LLAMA3 = dict(
     model_type="llama",
