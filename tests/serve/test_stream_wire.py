@@ -27,9 +27,7 @@ async def _collect(agen) -> list[str]:
 def test_frames_are_joined_only_while_the_reader_is_behind() -> None:
     behind = iter([True, True, False, True, False])  # asked once per frame
     closed: list[bool] = []
-    out = asyncio.run(
-        _collect(sse.coalesce(_frames(list("abcde"), closed), lambda: next(behind)))
-    )
+    out = asyncio.run(_collect(sse.coalesce(_frames(list("abcde"), closed), lambda: next(behind))))
     assert out == ["abc", "de"]
     assert closed == [True]
 
