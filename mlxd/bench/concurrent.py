@@ -7,9 +7,11 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.sample_utils import make_logits_processors
 
 from ..engine.engine import Engine
 from ..engine.request import GenerationRequest
+from ..engine.sampling import SamplingParams
 from .report import percentile
 
 
@@ -36,7 +38,12 @@ def metrics(t0: float, stamps: list[list[float]], peak_bytes: int) -> dict[str, 
 
 
 def run_mlx_lm(
-    model: Any, prompts: list[list[int]], gen_tokens: int, capacity: int, prefill_step_size: int
+    model: Any,
+    prompts: list[list[int]],
+    gen_tokens: int,
+    capacity: int,
+    prefill_step_size: int,
+    bias: dict[int, float] | None = None,
 ) -> tuple[float, list[list[float]], list[list[int]]]:
     """BatchGenerator as the anchors bench drives it: insert all, next_generated() until done."""
     t0 = time.perf_counter()
@@ -46,7 +53,8 @@ def run_mlx_lm(
         prefill_batch_size=min(capacity, 8),  # what mlxd's batched step uses
         prefill_step_size=prefill_step_size,
     )
-    uids = gen.insert(prompts, max_tokens=[gen_tokens] * len(prompts))
+    procs = [make_logits_processors(bias) for _ in prompts]  # [] each when bias is None
+    uids = gen.insert(prompts, max_tokens=[gen_tokens] * len(prompts), logits_processors=procs)
     stamps: dict[int, list[float]] = {u: [] for u in uids}
     tokens: dict[int, list[int]] = {u: [] for u in uids}
     while responses := gen.next_generated():
@@ -59,10 +67,11 @@ def run_mlx_lm(
 
 
 def run_mlxd(
-    engine: Engine, prompts: list[mx.array], gen_tokens: int
+    engine: Engine, prompts: list[mx.array], gen_tokens: int, bias: dict[int, float] | None = None
 ) -> tuple[float, list[list[float]], list[list[int]]]:
     """Engine.submit_many, each handle read with `async for` on one event loop (as a server)."""
-    reqs = [GenerationRequest(prompt=p, max_tokens=gen_tokens) for p in prompts]
+    sampling = SamplingParams(logit_bias=bias) if bias else None
+    reqs = [GenerationRequest(prompt=p, max_tokens=gen_tokens, sampling=sampling) for p in prompts]
 
     async def consume(handle: Any) -> tuple[list[float], list[int]]:
         stamps, tokens = [], []

@@ -107,15 +107,18 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
     arrays = [mx.array(p) for p in lists]
     # Capacity n on both sides: the same batch composition, so the same tokens.
     engine = Engine(bm.model, batch=n, prefill_step_size=step)
+    # The highest K ids (never EOS of a real vocab's low ids), banned on every stream.
+    k = getattr(args, "ban_tokens", 0)
+    bias = {bm.vocab_size - 1 - i: -100.0 for i in range(k)} or None
 
     def pair(order: tuple[str, str]) -> dict[str, Any]:
         out: dict[str, Any] = {"order": list(order)}
         for side in order:
             _fresh()
             if side == "mlx_lm":
-                t0, stamps, tokens = concurrent.run_mlx_lm(bm.model, lists, gen, n, step)
+                t0, stamps, tokens = concurrent.run_mlx_lm(bm.model, lists, gen, n, step, bias)
             else:
-                t0, stamps, tokens = concurrent.run_mlxd(engine, arrays, gen)
+                t0, stamps, tokens = concurrent.run_mlxd(engine, arrays, gen, bias)
             out[side] = concurrent.metrics(t0, stamps, mx.get_peak_memory()) | {"tokens": tokens}
         return out
 
@@ -124,7 +127,8 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
     finally:
         engine.close()
     summary = summarize(out["rounds"], CONCURRENT_METRICS)
-    return {"streams": n, **out, "summary": summary, "engine_paths": dict(engine.paths)}
+    paths = dict(engine.paths)
+    return {"streams": n, "banned_tokens": k, **out, "summary": summary, "engine_paths": paths}
 
 
 def environment() -> dict[str, Any]:

@@ -50,6 +50,13 @@ def _workload_group(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--concurrent-rounds", type=int, default=None, help="concurrent rounds (default: --rounds)"
     )
+    g.add_argument(
+        "--ban-tokens",
+        type=int,
+        default=0,
+        metavar="K",
+        help="concurrent streams get logit_bias -100 on K token ids, as `bench serve` bans EOS",
+    )
     g.add_argument("--warmup", type=int, default=1, help="untimed A B pairs before each mode")
     g.add_argument(
         "--order",

@@ -12,6 +12,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from ..store.layers import clone
+from .batch_logits import BiasedGenerationBatch
 from .handle import RequestHandle
 from .output import RowOutput
 from .prefix import Plan, PrefixSharing
@@ -82,6 +83,8 @@ class BatchedRows:
             prefill_step_size=config.prefill_step_size,
             max_kv_size=config.max_kv_size,
         )
+        # Every row joins this GenerationBatch (BatchGenerator extends it, never replaces it).
+        self.gen._generation_batch = BiasedGenerationBatch.empty(model, self.gen.sampler)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
         self.rows: dict[int, BatchedRow] = {}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
+from .batch_logits import LogitBias
 from .rng import set_key
 
 Key = tuple[int, int]
@@ -72,8 +73,13 @@ class SamplingParams:
         )
 
     def processors(self) -> list[Callable[[mx.array, mx.array], mx.array]]:
-        return make_logits_processors(
-            self.logit_bias,
+        """mlx-lm's processors in its order; the bias as a LogitBias, the same op, so that
+        the batched step can apply every row's bias in one scatter."""
+        bias: list[Callable[[mx.array, mx.array], mx.array]] = (
+            [LogitBias(self.logit_bias)] if self.logit_bias else []
+        )
+        return bias + make_logits_processors(
+            None,
             self.repetition_penalty,
             self.repetition_context_size,
             self.presence_penalty,

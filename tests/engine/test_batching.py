@@ -7,7 +7,8 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import BatchGenerator, StopSequences, generate_step
+from fixtures.batch_oracle import batch_generator_outputs
+from mlx_lm.generate import BatchGenerator, generate_step
 
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
@@ -22,16 +23,7 @@ def _load(tiny_model: Callable[..., Path], arch: str):
 
 
 def _oracle(model, prompts: list[list[int]], n: int, eos: frozenset[int]):
-    """BatchGenerator with the same prompts inserted together, run to the end."""
-    gen = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
-    stop = StopSequences([[t] for t in sorted(eos)])
-    uids = gen.insert(prompts, max_tokens=[n] * len(prompts), stop_sequences=[stop] * len(prompts))
-    out: dict[int, list] = {u: [] for u in uids}
-    while responses := gen.next_generated():
-        for r in responses:
-            out[r.uid].append((r.token, r.logprobs))
-    gen.close()
-    return [out[u] for u in uids]
+    return batch_generator_outputs(model, prompts, n, eos)
 
 
 def _req(prompt: list[int], n: int, eos: frozenset[int] = frozenset(), **kw) -> GenerationRequest:

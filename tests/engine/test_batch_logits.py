@@ -1,0 +1,92 @@
+"""Logit biases in the batched step: one scatter over the batch (`batch_logits.py`) gives
+mlx-lm's BatchGenerator bits exactly, with mlx-lm's own per-row processors as the oracle."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from fixtures.batch_oracle import batch_generator_outputs
+from mlx_lm.sample_utils import make_logits_processors
+
+from mlxd.engine.batch_logits import BiasedGenerationBatch
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+from mlxd.engine.sampling import SamplingParams
+
+TEXTS = ["Hello there my friend", "Tell me a long story about a cat", "x", "one two three four"]
+# Strong enough to move greedy choices: rows with a bias take other tokens than without.
+BIASES = [{17: 30.0, 923: 29.5, 5000: -100.0}, None, {42: 12.0}, {17: 3.0, 18: 3.0, 99: 11.0}]
+
+
+def _oracle(model, prompts, n, eos, processors):
+    return batch_generator_outputs(model, prompts, n, eos, processors)
+
+
+def _run(model, prompts, n, eos, params: list[SamplingParams]):
+    engine = Engine(model)
+    try:
+        reqs = [
+            GenerationRequest(prompt=mx.array(p), max_tokens=n, stop_token_ids=eos, sampling=s)
+            for p, s in zip(prompts, params, strict=True)
+        ]
+        return [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
+    finally:
+        engine.close()
+
+
+def _same(got, ref) -> None:
+    for g, r in zip(got, ref, strict=True):
+        assert [t for t, _ in g] == [t for t, _ in r]
+        assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(g, r, strict=True))
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the batched-bias steps (the one-scatter path taken)."""
+    calls: list[int] = []
+    inner = BiasedGenerationBatch._scatter
+
+    def counting(self, procs):
+        calls.append(len(procs))
+        return inner(self, procs)
+
+    monkeypatch.setattr(BiasedGenerationBatch, "_scatter", counting)
+    return calls
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_biases_as_one_scatter_equal_mlx_lm_per_row(
+    tiny_model: Callable[..., Path], arch: str, spy: list[int]
+) -> None:
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model(arch)))
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    ref = _oracle(model, prompts, 10, eos, [make_logits_processors(b) for b in BIASES])
+    got = _run(model, prompts, 10, eos, [SamplingParams(logit_bias=b) for b in BIASES])
+    _same(got, ref)
+    assert spy and max(spy) == len(TEXTS)  # the whole batch went through the scatter
+    unbiased = _oracle(model, prompts, 10, eos, [[] for _ in TEXTS])
+    assert [t for t, _ in ref[0]] != [t for t, _ in unbiased[0]]  # the biases do change tokens
+
+
+def test_a_row_with_a_penalty_takes_mlx_lm_s_own_step(
+    tiny_model: Callable[..., Path], spy: list[int]
+) -> None:
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model("qwen3")))
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    penalty = [dict(repetition_penalty=1.3) if i == 1 else {} for i in range(len(TEXTS))]
+    ref = _oracle(
+        model, prompts, 8, eos,
+        [make_logits_processors(b, **p) for b, p in zip(BIASES, penalty, strict=True)],
+    )  # fmt: skip
+    params = [SamplingParams(logit_bias=b, **p) for b, p in zip(BIASES, penalty, strict=True)]
+    _same(_run(model, prompts, 8, eos, params), ref)
+    # While the penalised row ran, every step was mlx-lm's per-row one (rows left after it ends
+    # may take the scatter).
+    assert len(TEXTS) not in spy
