@@ -14,24 +14,23 @@ import time
 import weakref
 from typing import Any
 
-import mlx.core as mx
-
 # mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
 from mlx_lm.generate import generation_stream
 
 from .admission import Admission, Overloaded
 from .batch import BatchConfig, BatchedRow, BatchedRows, batchable
 from .fork import ForkJob
-from .handle import RequestHandle, wake
+from .handle import RequestHandle
 from .materialize import materialize
-from .moves import Serial, last_row_out, serial_into_batch
+from .moves import Serial, serial_into_batch
 from .output import RowOutput, prepare
 from .prefix import PrefixSharing
 from .prefix_rows import PrefixRows
-from .request import DoneEvent, GenerationRequest, TokenEvent
+from .request import DoneEvent, GenerationRequest
 from .rng import KeyOwner, repair_key, set_key
 from .serial import SerialRow, validate
 from .threads import run_on_worker
+from .turns import Turns
 
 __all__ = ["Engine", "Overloaded"]
 
@@ -46,7 +45,7 @@ def _close_all() -> None:
         engine.close()
 
 
-class Engine(PrefixRows):
+class Engine(PrefixRows, Turns):
     """Submit requests from any thread; all MLX work happens on the engine's own thread."""
 
     def __init__(
@@ -250,91 +249,6 @@ class Engine(PrefixRows):
                 caches.insert(0, moved[2])
                 histories.insert(0, moved[3])
         self._batch.insert(rows, prompts, caches, histories)
-
-    def _fork_turn(self) -> None:
-        """One prefill chunk for each n > 1 prompt; ready ones fork into the batch."""
-        for job in list(self._forks):
-            try:
-                for handle, out in job.drop_cancelled():
-                    handle.put(out.done("cancelled"))
-                if not job.handles:
-                    self._forks.remove(job)
-                    continue
-                if not job.ready:
-                    job.step()
-                    continue
-                self._forks.remove(job)
-                rows, prompts, caches, histories = job.rows()
-                if rows:
-                    self._into_batch(rows, prompts, caches, histories)
-            except Exception as e:  # noqa: BLE001 - one bad prompt never stops the engine
-                if job in self._forks:
-                    self._forks.remove(job)
-                for handle, out in zip(job.handles, job.outs, strict=True):
-                    handle.put(out.done("error", e))
-
-    def _serial_turn(self) -> None:
-        row, handle, out = self._serial
-        done: DoneEvent | None = None
-        try:
-            if handle.cancelled:
-                done = out.done("cancelled")
-            else:
-                self._keys.enter(row, row.req.random_key)
-                if row.prefilling:
-                    self._prefill_chunk(row)
-                elif (step := row.decode()) is None:
-                    done = out.done("length")
-                else:
-                    row.emitted.append(step.token)
-                    self._tokens += 1
-                    event, reason = out.token(step.token, step.logprobs)
-                    handle.put(event)
-                    if reason is not None:
-                        done = out.done(reason)
-        except Exception as e:  # noqa: BLE001 - one bad row never stops the engine
-            done = out.done("error", e)
-        if done is not None:
-            done.random_key = self._keys.leave(row)
-            if row.req.return_prompt_cache:
-                done.prompt_cache = row.cache
-            self._keep(row, done)
-            self._serial, self._alone = None, False
-            del row  # the caches go before the caller hears "done"
-            mx.clear_cache()
-            handle.put(done)
-
-    def _prefill_chunk(self, row: SerialRow) -> None:
-        """One chunk, timed for the prefix store (its disk tier competes with prefilling)."""
-        before, tic = row.processed, time.perf_counter()
-        row.prefill_chunk()
-        if self.sharing is not None and row.processed > before:
-            self.sharing.store.observe_prefill(row.processed - before, time.perf_counter() - tic)
-
-    def _batch_turn(self) -> None:
-        batch = self._batch
-        for row in [r for r in batch.rows.values() if r.handle.cancelled]:
-            batch.remove(row)  # its cache is not kept: extracting it would cost a copy
-            row.handle.put(row.out.done("cancelled"))
-        try:
-            events = batch.step() if len(batch) else []
-        except Exception as e:  # noqa: BLE001 - a failed step ends the rows in it, not the engine
-            log.exception("batched step failed; its rows end with the error")
-            events = [(r.handle, r.out.done("error", e)) for r in batch.rows.values()]
-            batch.rows.clear()
-        if self.serial_fast_path and len(batch) == 1 and not self.admission.waiting:
-            if (serial := last_row_out(batch, self.model, self._keys)) is not None:
-                self._serial = serial
-                self.paths["batched->serial"] += 1
-        if not len(batch):
-            batch.close()
-            self.last_batch_stats, self._batch = batch.stats, None
-            self.last_batch_key = batch.final_key
-        watchers = []
-        for handle, event in events:
-            self._tokens += isinstance(event, TokenEvent)
-            watchers += handle.put_quiet(event)
-        wake(watchers)
 
     def _shutdown(self) -> None:
         handles = self._active() + self.admission.drain()
