@@ -18,6 +18,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..engine import Engine
 from ..engine.batch import BatchConfig
+from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
 from ..model.default import DEFAULT_MODEL_NAME
 from ..model.resolve import resolve_model
@@ -77,6 +78,9 @@ class ModelProvider:
         if self.args.use_default_chat_template and tokenizer.chat_template is None:
             tokenizer.chat_template = tokenizer.default_chat_template
         a = self.args
+        why = unsupported(model, a.kv_bits, getattr(a, "max_kv_size", None))
+        if why is not None and a.quantized_kv_start <= 0:  # every request would fail
+            raise ModelLoadError(f"{folder}: {why} (--quantized-kv-start {a.quantized_kv_start})")
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         kv_budget = kv_budget_from(a, weights)
         store, namespace = make_store(a, folder, adapter, kv_budget)
