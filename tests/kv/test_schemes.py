@@ -3,7 +3,7 @@
 never reach `quantized_kv_start` still run, as in mlx-lm; recurrent layers keep their own state
 format, as in mlx-lm. Oracle: mlx-lm's generate_step with the same flags, in the same test."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import mlx.core as mx
@@ -28,41 +28,43 @@ def _same_as_mlx_lm(model, req: GenerationRequest, engine: Engine) -> None:
     assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(got, want, strict=True))
 
 
-def test_a_rotating_layer_refuses_kv_bits_at_submit(tiny_model: Callable[..., Path]) -> None:
-    model, tok = load(str(tiny_model("gemma3")))
-    engine = Engine(model)
-    try:
-        with pytest.raises(ValueError, match=r"cache layer 0: it is a rotating cache \(window"):
-            engine.submit(_req(tok, 8, kv_bits=4, quantized_kv_start=0))
-        with pytest.raises(ValueError, match="rotating"):  # unlimited tokens reach any start
-            engine.submit(_req(tok, -1, kv_bits=4, quantized_kv_start=5000))
-        # A row that can never reach the start runs as in mlx-lm (which never converts it).
-        _same_as_mlx_lm(model, _req(tok, 8, kv_bits=4, quantized_kv_start=5000), engine)
-        _same_as_mlx_lm(model, _req(tok, 8), engine)  # and the engine still serves plain rows
-    finally:
+@pytest.fixture
+def engine_on(tiny_model: Callable[..., Path]) -> Iterator[Callable[[str], tuple]]:
+    """`engine_on(arch)`: (model, tokenizer, engine) on a tiny model, closed after the test."""
+    engines: list[Engine] = []
+
+    def make(arch: str) -> tuple:
+        model, tok = load(str(tiny_model(arch)))
+        engines.append(Engine(model))
+        return model, tok, engines[-1]
+
+    yield make
+    for engine in engines:
         engine.close()
 
 
-def test_max_kv_size_makes_every_layer_rotating(tiny_model: Callable[..., Path]) -> None:
-    model, tok = load(str(tiny_model("qwen3")))
-    engine = Engine(model)
-    try:
-        with pytest.raises(ValueError, match="from --max-kv-size"):
-            engine.submit(_req(tok, 8, kv_bits=8, quantized_kv_start=0, max_kv_size=64))
-        _same_as_mlx_lm(model, _req(tok, 8, kv_bits=8, quantized_kv_start=0), engine)
-    finally:
-        engine.close()
+def test_a_rotating_layer_refuses_kv_bits_at_submit(engine_on) -> None:
+    model, tok, engine = engine_on("gemma3")
+    with pytest.raises(ValueError, match=r"cache layer 0: it is a rotating cache \(window"):
+        engine.submit(_req(tok, 8, kv_bits=4, quantized_kv_start=0))
+    with pytest.raises(ValueError, match="rotating"):  # unlimited tokens reach any start
+        engine.submit(_req(tok, -1, kv_bits=4, quantized_kv_start=5000))
+    # A row that can never reach the start runs as in mlx-lm (which never converts it).
+    _same_as_mlx_lm(model, _req(tok, 8, kv_bits=4, quantized_kv_start=5000), engine)
+    _same_as_mlx_lm(model, _req(tok, 8), engine)  # and the engine still serves plain rows
 
 
-def test_recurrent_layers_keep_their_state_format(tiny_model: Callable[..., Path]) -> None:
+def test_max_kv_size_makes_every_layer_rotating(engine_on) -> None:
+    model, tok, engine = engine_on("qwen3")
+    with pytest.raises(ValueError, match="from --max-kv-size"):
+        engine.submit(_req(tok, 8, kv_bits=8, quantized_kv_start=0, max_kv_size=64))
+    _same_as_mlx_lm(model, _req(tok, 8, kv_bits=8, quantized_kv_start=0), engine)
+
+
+def test_recurrent_layers_keep_their_state_format(engine_on) -> None:
     """lfm2: attention layers quantize, the convolution state layers stay as they are."""
-    model, tok = load(str(tiny_model("lfm2")))
-    engine = Engine(model)
-    try:
-        _same_as_mlx_lm(model, _req(tok, 8, kv_bits=4, kv_group_size=32, quantized_kv_start=0),
-                        engine)  # fmt: skip
-    finally:
-        engine.close()
+    model, tok, engine = engine_on("lfm2")
+    _same_as_mlx_lm(model, _req(tok, 8, kv_bits=4, kv_group_size=32, quantized_kv_start=0), engine)
 
 
 def test_a_server_refuses_at_start_up_when_every_request_would_fail(
