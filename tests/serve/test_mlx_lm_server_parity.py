@@ -20,11 +20,11 @@ from conftest import LiveServer, free_port, start_server, wait_healthy
 VOLATILE = {"id", "created", "system_fingerprint"}
 
 
-@pytest.fixture(scope="module")
-def mlx_lm_server(qwen3_model_dir: Path) -> Iterator[str]:
+def run_mlx_lm_server(model_dir: Path, *flags: str) -> Iterator[str]:
+    """mlx_lm.server as a subprocess on `model_dir` with `flags`; yields its URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(qwen3_model_dir)]
-    cmd += ["--port", str(port)]
+    cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model_dir)]
+    cmd += ["--port", str(port), *flags]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -34,6 +34,11 @@ def mlx_lm_server(qwen3_model_dir: Path) -> Iterator[str]:
     yield url
     proc.terminate()
     proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def mlx_lm_server(qwen3_model_dir: Path) -> Iterator[str]:
+    yield from run_mlx_lm_server(qwen3_model_dir)
 
 
 @pytest.fixture(scope="module")
