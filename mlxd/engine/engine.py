@@ -22,6 +22,7 @@ from .admission import Admission, Overloaded
 from .batch import BatchConfig, BatchedRow, BatchedRows, batchable
 from .fork import ForkJob
 from .handle import RequestHandle
+from .kv_budget import KVCost
 from .materialize import materialize
 from .moves import Serial, serial_into_batch
 from .output import RowOutput, prepare
@@ -78,6 +79,9 @@ class Engine(PrefixRows, Turns):
         self.last_batch_stats: Any = None  # mlx-lm BatchStats of the last finished batch
         self.last_batch_key: tuple[int, int] | None = None  # the PRNG key it ended with
         self.admission = Admission(batch, max_queue, kv_budget, model, self.config)
+        # Bytes per token per KV scheme, for stats (probed here: the engine thread is not up).
+        self.kv_cost = self.admission.kv_cost or KVCost.probe(model)
+        self._kv_schemes: set[tuple[int, int]] = set()  # (bits, group) of requests seen
         # The prefix store (layer 0), keyed by `namespace`: the model, its adapter, ...
         self.sharing = PrefixSharing(prefix_store, namespace) if prefix_store is not None else None
         self._serial: Serial | None = None
@@ -113,6 +117,8 @@ class Engine(PrefixRows, Turns):
         for req in reqs:
             validate(req, self.model)
             self._check_scheme(req)
+            if req.kv_bits is not None:
+                self.announce_scheme(req.kv_bits, req.kv_group_size)
             self.admission.check(req)
             prepare(req)
             materialize(req.prompt, req.input_embeddings, req.prompt_cache)
@@ -174,8 +180,21 @@ class Engine(PrefixRows, Turns):
                 "tokens_per_s": self._tokens / self._busy_s if self._busy_s > 0 else 0.0,
                 "kv_bytes_reserved": self.admission.reserved({id(h) for h in active}),
                 "kv_budget": self.kv_budget,
+                "kv_bytes_per_token": self.kv_bytes_per_token(),
                 "paths": dict(self.paths),
             }
+
+    def announce_scheme(self, bits: int, group_size: int) -> None:
+        """A KV scheme to report in stats before any request uses it (a server's --kv-bits)."""
+        self._kv_schemes.add((bits, group_size))
+
+    def kv_bytes_per_token(self) -> dict[str, float]:
+        """What one token of context costs in the growing KV layers, unquantized and under each
+        KV scheme requests have used (`4bit-g64`, ...)."""
+        out = {"unquantized": self.kv_cost.token_bytes()}
+        for bits, group in sorted(self._kv_schemes):
+            out[f"{bits}bit-g{group}"] = self.kv_cost.token_bytes(bits, group)
+        return out
 
     @property
     def alive(self) -> bool:

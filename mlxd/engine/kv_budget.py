@@ -37,6 +37,7 @@ class KVCost:
     windowed: list[tuple[int, int]] = field(default_factory=list)  # (bytes/token, window)
     fixed: int = 0  # recurrent state, whatever the length
     context: int | None = None  # the model's maximum positions, if it says
+    itemsize: int = 2  # bytes of one key / value element (the model's dtype)
 
     @classmethod
     def probe(cls, model: Any) -> "KVCost":
@@ -50,9 +51,18 @@ class KVCost:
                 cost.windowed.append((_token_bytes(c), c.max_size))
             elif isinstance(c, KVCache):
                 cost.per_token += _token_bytes(c)
+                cost.itemsize = c.keys.itemsize
             else:
                 cost.fixed += _state_bytes(c)
         return cost
+
+    def token_bytes(self, kv_bits: int | None = None, group_size: int = 64) -> float:
+        """Bytes one token adds to the growing (full-attention) layers under a KV scheme:
+        `bits` per element packed, plus a scale and a bias per group in the model's dtype."""
+        if kv_bits is None:
+            return float(self.per_token)
+        per_element = kv_bits / 8 + 2 * self.itemsize / group_size
+        return self.per_token * per_element / self.itemsize
 
     def worst(self, req: GenerationRequest) -> int:
         """Worst-case bytes of `req` over its whole life."""
@@ -64,11 +74,8 @@ class KVCost:
         tokens = len(req.prompt) + gen
         if req.max_kv_size is not None:
             tokens = min(tokens, req.max_kv_size)
-        scale = 1.0
-        if req.kv_bits is not None:  # packed values + a scale and bias per group (16-bit)
-            scale = (req.kv_bits / 8 + 4 / req.kv_group_size) / 2
         step = KVCache.step
-        growing = self.per_token * _allocated(tokens, step) * scale
+        growing = _allocated(tokens, step) * self.token_bytes(req.kv_bits, req.kv_group_size)
         # A window holds up to max_size tokens, but a prefill chunk is appended whole first.
         chunk = min(tokens, req.prefill_step_size)
         windowed = sum(

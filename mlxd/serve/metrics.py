@@ -50,6 +50,11 @@ class EngineCollector:
         speed = GaugeMetricFamily(
             "mlxd_tokens_per_second", "Generated tokens per busy second of the engine", labels=lab
         )
+        per_token = GaugeMetricFamily(
+            "mlxd_kv_bytes_per_token",
+            "Bytes one token of context adds to the full-attention KV layers, per KV scheme",
+            labels=[*lab, "scheme"],
+        )
         provider = getattr(self.state, "provider", None)
         for served in provider.loaded() if provider is not None else []:
             stats = served.engine.stats()
@@ -60,7 +65,9 @@ class EngineCollector:
             if stats["kv_budget"] is not None:
                 budget.add_metric(name, stats["kv_budget"])
             speed.add_metric(name, stats["tokens_per_s"])
-        yield from (running, waiting, in_use, budget, speed)
+            for scheme, n in stats["kv_bytes_per_token"].items():
+                per_token.add_metric([*name, scheme], n)
+        yield from (running, waiting, in_use, budget, speed, per_token)
 
 
 class Metrics:

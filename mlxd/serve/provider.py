@@ -97,6 +97,8 @@ class ModelProvider:
             prefix_store=store,
             namespace=namespace,
         )
+        if a.kv_bits is not None:
+            engine.announce_scheme(a.kv_bits, a.kv_group_size)
         name = ref if ref is not None else DEFAULT_MODEL_NAME
         return Served(name, model, tokenizer, engine, _context_length(folder), weights)
 

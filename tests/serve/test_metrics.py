@@ -7,6 +7,8 @@ import time
 from collections import Counter
 
 import httpx
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 from prometheus_client.parser import text_string_to_metric_families
 
 MESSAGES = [{"role": "user", "content": "Count to three."}]
@@ -147,6 +149,12 @@ def test_engine_gauges_while_a_row_runs(make_server, qwen3_server) -> None:
     assert value(idle, "mlxd_running_rows", model=model) == 0
     assert value(idle, "mlxd_kv_bytes_in_use", model=model) == 0
     assert not any(k[0] == "mlxd_prompt_tokens_total" for k in idle)  # the other server's
+    served = live.state.provider.default.model  # mlx-lm's caches after 256 tokens, measured
+    cache = make_prompt_cache(served)
+    served(mx.arange(256)[None], cache=cache)
+    mx.eval([c.state for c in cache])
+    per_token = sum(c.nbytes for c in cache) / 256
+    assert value(idle, "mlxd_kv_bytes_per_token", model=model, scheme="unquantized") == per_token
     body = {"messages": MESSAGES, "max_tokens": 400, "logit_bias": NO_EOS, "stream": True}
     with httpx.stream("POST", live.v1 + "/chat/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()

@@ -1,0 +1,64 @@
+"""KV accounting per scheme: bytes per token of context, unquantized and quantized, equal what
+mlx-lm's own caches hold; the KV budget admits a context with 4-bit KV that it refuses with
+unquantized KV; /metrics reports bytes per token per scheme."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlxd.engine.engine import Engine
+from mlxd.engine.kv_budget import KVBudgetExceeded
+from mlxd.engine.request import GenerationRequest
+
+N = 256  # one allocation step of mlx-lm's caches: no slack in the measured bytes
+
+
+def _measured(model, bits: int | None, group: int) -> float:
+    """Bytes per token of mlx-lm's caches after N tokens (quantized as generate_step does)."""
+    cache = make_prompt_cache(model)
+    model(mx.arange(N)[None], cache=cache)
+    if bits is not None:
+        cache = [c.to_quantized(group_size=group, bits=bits) for c in cache]
+    mx.eval([c.state for c in cache])
+    return sum(c.nbytes for c in cache) / N
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_bytes_per_token_equal_mlx_lm_s_caches(tiny_model: Callable[..., Path], arch: str) -> None:
+    model, _ = load(str(tiny_model(arch)))
+    engine = Engine(model)
+    try:
+        for bits, group in [(4, 64), (8, 32)]:
+            engine.announce_scheme(bits, group)
+        got = engine.stats()["kv_bytes_per_token"]
+        assert got["unquantized"] == _measured(model, None, 64)
+        assert got["4bit-g64"] == _measured(model, 4, 64)
+        assert got["8bit-g32"] == _measured(model, 8, 32)
+        assert got["4bit-g64"] < got["8bit-g32"] < got["unquantized"]
+    finally:
+        engine.close()
+
+
+def test_a_budget_admits_with_4_bit_kv_a_context_it_refuses_unquantized(
+    tiny_model: Callable[..., Path],
+) -> None:
+    model, tok = load(str(tiny_model("qwen3")))
+    prompt = mx.array(tok.encode("Tell me a story about a cat"))
+    per_token = _measured(model, None, 64)
+    budget = int(per_token * N * 0.5)  # half of what N tokens take unquantized
+    engine = Engine(model, kv_budget=budget)
+    try:
+        room = N - len(prompt)
+        with pytest.raises(KVBudgetExceeded, match="kv_budget"):
+            engine.submit(GenerationRequest(prompt=prompt, max_tokens=room))
+        req = GenerationRequest(prompt=prompt, max_tokens=room, kv_bits=4, quantized_kv_start=0)
+        got = [e.token for e in engine.submit(req)]
+        want = generate_step(prompt, model, max_tokens=room, kv_bits=4, quantized_kv_start=0)
+        assert got == [int(t) for t, _ in want]  # admitted, and mlx-lm's tokens
+    finally:
+        engine.close()
