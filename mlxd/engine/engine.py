@@ -17,7 +17,6 @@ from typing import Any
 # mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
 from mlx_lm.generate import generation_stream
 
-from ..kv.schemes import unsupported
 from .admission import Admission, Overloaded
 from .batch import BatchConfig, BatchedRow, BatchedRows, batchable
 from .fork import ForkJob
@@ -90,7 +89,6 @@ class Engine(PrefixRows, Turns):
         self._forks: list[ForkJob] = []  # n > 1 prompts being prefilled once
         self._groups: dict[int, list[RequestHandle]] = {}  # first handle -> its siblings
         self.paths: collections.Counter[str] = collections.Counter()
-        self._schemes: dict[tuple[int | None, int | None], str | None] = {}
         self._tokens, self._busy_s = 0, 0.0
         self._keys = KeyOwner()
         self._stopped = threading.Event()
@@ -116,7 +114,6 @@ class Engine(PrefixRows, Turns):
     ) -> list[RequestHandle]:
         for req in reqs:
             validate(req, self.model)
-            self._check_scheme(req)
             if req.kv_bits is not None:
                 self.announce_scheme(req.kv_bits, req.kv_group_size)
             self.admission.check(req)
@@ -124,21 +121,6 @@ class Engine(PrefixRows, Turns):
             materialize(req.prompt, req.input_embeddings, req.prompt_cache)
         self.admission.push(list(zip(reqs, handles, strict=True)))
         return handles
-
-    def _check_scheme(self, req: GenerationRequest) -> None:
-        """A KV scheme the model's layers cannot take is refused here, not mid-request, when
-        the row can reach `quantized_kv_start` (mlx-lm converts once a cache's offset does)."""
-        key = (req.kv_bits, req.max_kv_size)
-        if key not in self._schemes:
-            self._schemes[key] = unsupported(self.model, *key)
-        if (why := self._schemes[key]) is None:
-            return
-        cached = req.prompt_cache[0].offset if req.prompt_cache else 0
-        emb = req.input_embeddings
-        n = max(len(req.prompt), len(emb) if emb is not None else 0)
-        reach = cached + n + req.max_tokens - 1  # the last token is never fed
-        if req.max_tokens < 0 or reach >= req.quantized_kv_start:
-            raise ValueError(f"{why} (this request can reach quantized_kv_start)")
 
     def submit_n(self, req: GenerationRequest, n: int) -> list[RequestHandle]:
         """`n` rows sampled from one prompt that is prefilled once (OpenAI's `n`). With a

@@ -2,9 +2,10 @@
 
 mlx-lm quantizes a row's caches in the middle of generation (maybe_quantize_kv_cache), and a
 sliding-window (rotating) layer then raises "RotatingKVCache Quantization NYI" mid-request.
-mlxd refuses such a request at submit, and a server at start-up, naming the layer. Layers
-that hold state rather than keys and values (recurrent / SSM) keep their own format, as in
-mlx-lm, which skips them.
+The Python API keeps that behaviour (same exception after the same tokens, as mlx-lm); the
+server refuses such a request before any work (400) and refuses to start when every request
+would fail, naming the layer. Layers that hold state rather than keys and values (recurrent /
+SSM) keep their own format, as in mlx-lm, which skips them.
 """
 
 from typing import Any
@@ -35,3 +36,11 @@ def unsupported(model: Any, kv_bits: int | None, max_kv_size: int | None = None)
                 "quantized form yet"
             )
     return None
+
+
+def reaches_quantization(
+    prompt_tokens: int, max_tokens: int, quantized_kv_start: int, cached: int = 0
+) -> bool:
+    """mlx-lm converts once a cache's offset reaches `quantized_kv_start`; the last generated
+    token is never fed, so a row reaches at most cached + prompt + max_tokens - 1 positions."""
+    return max_tokens < 0 or cached + prompt_tokens + max_tokens - 1 >= quantized_kv_start

@@ -41,6 +41,7 @@ class Served:
     engine: Engine
     context_length: int | None  # max_position_embeddings, when the config says
     weight_bytes: int
+    kv_refusal: str | None = None  # why --kv-bits cannot apply to a cache layer, if it cannot
 
 
 def _context_length(folder: Path) -> int | None:
@@ -78,9 +79,11 @@ class ModelProvider:
         if self.args.use_default_chat_template and tokenizer.chat_template is None:
             tokenizer.chat_template = tokenizer.default_chat_template
         a = self.args
-        why = unsupported(model, a.kv_bits, getattr(a, "max_kv_size", None))
-        if why is not None and a.quantized_kv_start <= 0:  # every request would fail
-            raise ModelLoadError(f"{folder}: {why} (--quantized-kv-start {a.quantized_kv_start})")
+        kv_refusal = unsupported(model, a.kv_bits, getattr(a, "max_kv_size", None))
+        if kv_refusal is not None and a.quantized_kv_start <= 0:  # every request would fail
+            raise ModelLoadError(
+                f"{folder}: {kv_refusal} (--quantized-kv-start {a.quantized_kv_start})"
+            )
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         kv_budget = kv_budget_from(a, weights)
         store, namespace = make_store(a, folder, adapter, kv_budget)
@@ -100,7 +103,8 @@ class ModelProvider:
         if a.kv_bits is not None:
             engine.announce_scheme(a.kv_bits, a.kv_group_size)
         name = ref if ref is not None else DEFAULT_MODEL_NAME
-        return Served(name, model, tokenizer, engine, _context_length(folder), weights)
+        ctx = _context_length(folder)
+        return Served(name, model, tokenizer, engine, ctx, weights, kv_refusal)
 
     def get(self, name: str | None, adapter: str | None = None, fallback: bool = False) -> Served:
         """The model a request names; raises ModelLoadError when it cannot be loaded, unless
