@@ -37,14 +37,32 @@ def _fresh() -> None:
     mx.reset_peak_memory()
 
 
+def kv_flags(args: Any) -> dict[str, Any] | None:
+    """--kv-bits and its companions as stream_generate arguments (None: unquantized)."""
+    if getattr(args, "kv_bits", None) is None:
+        return None
+    return dict(
+        kv_bits=args.kv_bits,
+        kv_group_size=args.kv_group_size,
+        quantized_kv_start=args.quantized_kv_start,
+    )
+
+
 def single_run(
-    stream_fn: Callable[..., Any], bm: BenchModel, prompt: mx.array, gen: int, step: int
+    stream_fn: Callable[..., Any],
+    bm: BenchModel,
+    prompt: mx.array,
+    gen: int,
+    step: int,
+    kv: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One stream_generate call, timed at the consumer like a user would time it."""
+    """One stream_generate call, timed at the consumer like a user would time it. `kv`: the
+    KV scheme flags (kv_bits, kv_group_size, quantized_kv_start), the same on both sides."""
     _fresh()
     stamps, tokens = [], []
     t0 = time.perf_counter()
-    for r in stream_fn(bm.model, bm.tokenizer, prompt, max_tokens=gen, prefill_step_size=step):
+    kw = dict(max_tokens=gen, prefill_step_size=step, **(kv or {}))
+    for r in stream_fn(bm.model, bm.tokenizer, prompt, **kw):
         stamps.append(time.perf_counter())
         tokens.append(int(r.token))
     peak = mx.get_peak_memory()
@@ -89,10 +107,11 @@ def _interleave(
 def bench_single(bm: BenchModel, args: Any) -> dict[str, Any]:
     prompt = mx.array(random_prompts(bm.vocab_size, 1, args.prompt_tokens, args.seed)[0])
     sides = {"mlx_lm": mlx_lm_stream_generate, "mlxd": mlxd_stream_generate}
+    kv = kv_flags(args)
 
     def pair(order: tuple[str, str]) -> dict[str, dict[str, Any]]:
         runs = {
-            s: single_run(sides[s], bm, prompt, args.gen_tokens, args.prefill_step_size)
+            s: single_run(sides[s], bm, prompt, args.gen_tokens, args.prefill_step_size, kv)
             for s in order
         }
         return {"order": list(order), **runs}

@@ -126,6 +126,11 @@ def render(result: dict[str, Any]) -> str:
         f"prompt {args['prompt_tokens']} tokens, generate {args['gen_tokens']} tokens; "
         "ratio = mlxd/mlx-lm per interleaved round pair, median [min-max]",
     ]
+    if args.get("kv_bits") is not None:
+        lines.append(
+            f"KV: {args['kv_bits']}-bit, group {args['kv_group_size']}, from token "
+            f"{args['quantized_kv_start']} (both sides)"
+        )
     if single := result.get("single"):
         lines += ["", f"single stream (B=1), {len(single['rounds'])} rounds"]
         lines.append(section("metric", single["summary"], SINGLE_METRICS))

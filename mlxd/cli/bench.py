@@ -51,6 +51,15 @@ def _workload_group(p: argparse.ArgumentParser) -> None:
         "--concurrent-rounds", type=int, default=None, help="concurrent rounds (default: --rounds)"
     )
     g.add_argument(
+        "--kv-bits", type=int, default=None, choices=(2, 3, 4, 5, 6, 8),
+        help="single stream: quantized KV on both sides (mlx-lm's --kv-bits)",
+    )  # fmt: skip
+    g.add_argument("--kv-group-size", type=int, default=64, help="with --kv-bits (64)")
+    g.add_argument(
+        "--quantized-kv-start", type=int, default=0,
+        help="with --kv-bits: quantize from this many tokens on (0: from the prompt)",
+    )  # fmt: skip
+    g.add_argument(
         "--ban-tokens",
         type=int,
         default=0,
@@ -212,6 +221,9 @@ def run(args: argparse.Namespace) -> None:
         return _run_prefix(args)
     if args.concurrent == 1 or args.concurrent < 0:
         sys.exit("mlxd bench generate: --concurrent needs N >= 2 (N = 1 is the single stream)")
+    if args.kv_bits is not None and args.concurrent:
+        sys.exit("mlxd bench generate: --kv-bits is single-stream only (rows with quantized KV "
+                 "do not batch yet, in mlxd or in mlx-lm's BatchGenerator)")  # fmt: skip
     if args.gen_tokens < 2 or args.prompt_tokens < 1:
         sys.exit("mlxd bench generate: needs --gen-tokens >= 2 and --prompt-tokens >= 1")
     if args.concurrent_rounds is None:

@@ -57,3 +57,31 @@ def test_bench_generate_refuses_meaningless_settings(bad: list[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["bench", "generate", "--random-shape", "tiny", "--rounds", "1", *bad])
     assert e.value.code not in (0, None)
+
+
+def test_bench_generate_with_quantized_kv(tmp_path: Path, capsys) -> None:
+    """--kv-bits reaches both sides: the tokens are mlx-lm's with the same KV flags."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    from mlxd.bench.models import build_random, random_prompts
+
+    out = tmp_path / "bench.json"
+    argv = ["bench", "generate", "--random-shape", "tiny", "--dtype", "float32", "--rounds", "1"]
+    argv += ["--prompt-tokens", "12", "--gen-tokens", "6", "--kv-bits", "2", "--warmup", "0"]
+    main([*argv, "--kv-group-size", "32", "--json", str(out)])
+    result = json.loads(out.read_text())
+    got = result["single"]["rounds"][0]
+    bm = build_random("tiny", "float32", seed=0)
+    prompt = mx.array(random_prompts(bm.vocab_size, 1, 12, 0)[0])
+    flags = dict(kv_bits=2, kv_group_size=32, quantized_kv_start=0)
+    want = [int(t) for t, _ in generate_step(prompt, bm.model, max_tokens=6, **flags)]
+    plain = [int(t) for t, _ in generate_step(prompt, bm.model, max_tokens=6)]
+    assert want != plain  # 2-bit KV changes this model's greedy tokens: the flags are seen
+    assert got["mlx_lm"]["tokens"] == got["mlxd"]["tokens"] == want
+    assert "KV: 2-bit, group 32, from token 0 (both sides)" in capsys.readouterr().out
+
+
+def test_bench_generate_refuses_quantized_kv_in_concurrent_mode() -> None:
+    with pytest.raises(SystemExit, match="single-stream only"):
+        main(["bench", "generate", "--random-shape", "tiny", "--kv-bits", "4", "--concurrent", "2"])
