@@ -1,12 +1,13 @@
 """Concurrent mode: N prompts admitted together, mlx-lm's BatchGenerator vs mlxd's Engine at the
-same batch composition (same capacity, same prefill batch), timed per stream at the consumer."""
+same batch composition (same capacity, same prefill batch), timed per stream at the consumer.
+With quantized KV the mlx-lm side is what mlx_lm.server runs: one stream after another."""
 
 import asyncio
 import time
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
+from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.sample_utils import make_logits_processors
 
 from ..engine.engine import Engine
@@ -66,12 +67,39 @@ def run_mlx_lm(
     return t0, [stamps[u] for u in uids], [tokens[u] for u in uids]
 
 
+def run_mlx_lm_serial(
+    model: Any, prompts: list[list[int]], gen_tokens: int, step: int, kv: dict[str, Any]
+) -> tuple[float, list[list[float]], list[list[int]]]:
+    """What mlx_lm.server does with --kv-bits (`_is_batchable` is false): the streams run one
+    after another, each on generate_step, all submitted at t0."""
+    t0 = time.perf_counter()
+    stamps: list[list[float]] = []
+    tokens: list[list[int]] = []
+    for prompt in prompts:
+        stamps.append([])
+        tokens.append([])
+        run = generate_step(
+            mx.array(prompt), model, max_tokens=gen_tokens, prefill_step_size=step, **kv
+        )
+        for token, _ in run:
+            stamps[-1].append(time.perf_counter())
+            tokens[-1].append(int(token))
+    return t0, stamps, tokens
+
+
 def run_mlxd(
-    engine: Engine, prompts: list[mx.array], gen_tokens: int, bias: dict[int, float] | None = None
+    engine: Engine,
+    prompts: list[mx.array],
+    gen_tokens: int,
+    bias: dict[int, float] | None = None,
+    kv: dict[str, Any] | None = None,
 ) -> tuple[float, list[list[float]], list[list[int]]]:
     """Engine.submit_many, each handle read with `async for` on one event loop (as a server)."""
     sampling = SamplingParams(logit_bias=bias) if bias else None
-    reqs = [GenerationRequest(prompt=p, max_tokens=gen_tokens, sampling=sampling) for p in prompts]
+    reqs = [
+        GenerationRequest(prompt=p, max_tokens=gen_tokens, sampling=sampling, **(kv or {}))
+        for p in prompts
+    ]
 
     async def consume(handle: Any) -> tuple[list[float], list[int]]:
         stamps, tokens = [], []

@@ -129,15 +129,20 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
     # The highest K ids (never EOS of a real vocab's low ids), banned on every stream.
     k = getattr(args, "ban_tokens", 0)
     bias = {bm.vocab_size - 1 - i: -100.0 for i in range(k)} or None
+    kv = kv_flags(args)
+    if kv is not None and bias is not None:
+        raise SystemExit("mlxd bench generate: --kv-bits with --ban-tokens is not measured")
 
     def pair(order: tuple[str, str]) -> dict[str, Any]:
         out: dict[str, Any] = {"order": list(order)}
         for side in order:
             _fresh()
-            if side == "mlx_lm":
+            if side == "mlx_lm" and kv is not None:
+                t0, stamps, tokens = concurrent.run_mlx_lm_serial(bm.model, lists, gen, step, kv)
+            elif side == "mlx_lm":
                 t0, stamps, tokens = concurrent.run_mlx_lm(bm.model, lists, gen, n, step, bias)
             else:
-                t0, stamps, tokens = concurrent.run_mlxd(engine, arrays, gen, bias)
+                t0, stamps, tokens = concurrent.run_mlxd(engine, arrays, gen, bias, kv)
             out[side] = concurrent.metrics(t0, stamps, mx.get_peak_memory()) | {"tokens": tokens}
         return out
 
@@ -147,7 +152,15 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
         engine.close()
     summary = summarize(out["rounds"], CONCURRENT_METRICS)
     paths = dict(engine.paths)
-    return {"streams": n, "banned_tokens": k, **out, "summary": summary, "engine_paths": paths}
+    scheme = {"kv": kv} if kv is not None else {}
+    return {
+        "streams": n,
+        "banned_tokens": k,
+        **scheme,
+        **out,
+        "summary": summary,
+        "engine_paths": paths,
+    }
 
 
 def environment() -> dict[str, Any]:

@@ -221,9 +221,6 @@ def run(args: argparse.Namespace) -> None:
         return _run_prefix(args)
     if args.concurrent == 1 or args.concurrent < 0:
         sys.exit("mlxd bench generate: --concurrent needs N >= 2 (N = 1 is the single stream)")
-    if args.kv_bits is not None and args.concurrent:
-        sys.exit("mlxd bench generate: --kv-bits is single-stream only (rows with quantized KV "
-                 "do not batch yet, in mlxd or in mlx-lm's BatchGenerator)")  # fmt: skip
     if args.gen_tokens < 2 or args.prompt_tokens < 1:
         sys.exit("mlxd bench generate: needs --gen-tokens >= 2 and --prompt-tokens >= 1")
     if args.concurrent_rounds is None:

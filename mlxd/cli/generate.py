@@ -19,6 +19,28 @@ from mlx_lm.generate import (
 )
 
 from ..model.default import DEFAULT_MODEL_NAME
+from ..model.errors import ModelLoadError
+
+KV_CONFIG_FLAG = dict(
+    type=str,
+    default=None,
+    metavar="PATH",
+    help="mixed per-layer KV quantization from mlx-optiq's kv_config.json (a list of "
+    "{layer_idx, bits, group_size}); unnamed layers stay unquantized. Excludes --kv-bits",
+)
+
+
+def resolve_kv_config(args: argparse.Namespace) -> None:
+    """Load --kv-config into args.kv_config (a kv.mixed.MixedKV). With it, --quantized-kv-start
+    left at mlx-lm's default means optiq serve's default, 0 (so the two give the same bits)."""
+    from ..kv.mixed import from_flags
+
+    try:
+        args.kv_config = from_flags(getattr(args, "kv_config", None), args.kv_bits)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from e
+    if args.kv_config is not None and args.quantized_kv_start == DEFAULT_QUANTIZED_KV_START:
+        args.quantized_kv_start = 0
 
 
 def _model_group(p: argparse.ArgumentParser) -> None:
@@ -65,8 +87,10 @@ def _kv_group(p: argparse.ArgumentParser) -> None:
         "--quantized-kv-start",
         type=int,
         default=DEFAULT_QUANTIZED_KV_START,
-        help="When --kv-bits is set, start quantizing the KV cache from this step on.",
+        help="When --kv-bits is set, start quantizing the KV cache from this step on "
+        f"(with --kv-config, {DEFAULT_QUANTIZED_KV_START} means 0, as optiq serve).",
     )
+    g.add_argument("--kv-config", **KV_CONFIG_FLAG)
     g.add_argument(
         "--prompt-cache-file",
         type=str,
@@ -188,4 +212,5 @@ def add_parser(subs: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
 def run(args: argparse.Namespace) -> None:
     from .generate_run import run_generate
 
+    resolve_kv_config(args)
     run_generate(args)

@@ -9,6 +9,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import QuantizedKVCache, load_prompt_cache
 
 from ..engine import SamplingParams, generate
+from ..kv.mixed import check
+from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
 
 
@@ -29,6 +31,24 @@ def _load_cache(args: argparse.Namespace) -> tuple[Any, dict | None]:
                 "--kv-group-size does not match the kv cache loaded from --prompt-cache-file."
             )
     return cache, metadata
+
+
+def _check_kv_config(args: argparse.Namespace, model: Any) -> dict[str, Any]:
+    """`--kv-config` (loaded by resolve_kv_config) checked against the model before any work:
+    the generate() keyword to pass, empty without one."""
+    cfg = getattr(args, "kv_config", None)
+    if cfg is None:
+        return {}
+    if args.draft_model is not None:
+        raise ModelLoadError("--kv-config does not run with --draft-model yet")
+    try:
+        check(model, cfg, args.max_kv_size)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from e
+    # As optiq converts them, sliding-window layers named in the file are quantized too.
+    if (why := unsupported(model, None, args.max_kv_size, cfg, windows=True)) is not None:
+        raise ModelLoadError(why)
+    return {"kv_config": cfg, "quantize_windows": True}
 
 
 def _template(args: argparse.Namespace, tokenizer: Any, prompt: str, using_cache: bool) -> str:
@@ -74,6 +94,7 @@ def run_generate(args: argparse.Namespace) -> None:
     )
     for eos_token in args.extra_eos_token:
         tokenizer.add_eos_token(eos_token)
+    kv_config = _check_kv_config(args, model)
 
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
     prompt = sys.stdin.read() if prompt == "-" else prompt
@@ -127,6 +148,7 @@ def run_generate(args: argparse.Namespace) -> None:
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
         quantized_kv_start=args.quantized_kv_start,
+        **kv_config,
         draft_model=draft_model,
         num_draft_tokens=args.num_draft_tokens,
         input_embeddings=input_embeddings,

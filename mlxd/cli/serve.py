@@ -7,6 +7,7 @@ from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.utils import _parse_size
 
 from ..model.default import DEFAULT_MODEL_NAME
+from .generate import KV_CONFIG_FLAG, resolve_kv_config
 
 
 def _model_group(p: argparse.ArgumentParser) -> None:
@@ -53,8 +54,10 @@ def _kv_group(p: argparse.ArgumentParser) -> None:
         "--quantized-kv-start",
         type=int,
         default=DEFAULT_QUANTIZED_KV_START,
-        help=f"Token position to start KV quantization (default: {DEFAULT_QUANTIZED_KV_START})",
+        help=f"Token position to start KV quantization (default: {DEFAULT_QUANTIZED_KV_START}; "
+        "with --kv-config it means 0, as optiq serve)",
     )
+    g.add_argument("--kv-config", **KV_CONFIG_FLAG)
     g.add_argument(
         "--prompt-cache-size",
         type=int,
@@ -214,4 +217,5 @@ def run(args: argparse.Namespace) -> None:
     from ..serve.main import apply_config, serve
 
     apply_config(args, _defaults)
+    resolve_kv_config(args)
     serve(args)

@@ -10,7 +10,9 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import QuantizedKVCache
 
+from ..kv.batch_quantized import mergeable
 from ..store.layers import clone
 from .batch_logits import BiasedGenerationBatch
 from .handle import RequestHandle
@@ -58,24 +60,28 @@ class BatchConfig:
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:
     """None when the request can share the batched step, else the reason it runs alone.
     mlx-lm's rule: a row is batchable when every one of its cache layers can merge."""
-    if req.kv_bits is not None:
-        return "quantized KV (kv_bits) runs one row at a time until batched KV schemes land"
     if req.max_kv_size != config.max_kv_size:
         return "a max_kv_size other than the engine's runs one row at a time"
     if req.input_embeddings is not None:
         return "input embeddings run one row at a time"
-    if req.prompt_cache is not None and not all(hasattr(c, "merge") for c in req.prompt_cache):
+    if req.prompt_cache is not None and not all(_merges(c) for c in req.prompt_cache):
         return "a prompt_cache with layers that cannot merge runs one row at a time"
     return None
+
+
+def _merges(layer: Any) -> bool:
+    return hasattr(layer, "merge") or type(layer) is QuantizedKVCache  # see kv.mergeable
 
 
 class BatchedRows:
     """The batched rows of one engine (created when a second row joins)."""
 
     def __init__(
-        self, model: Any, config: BatchConfig, sharing: PrefixSharing | None = None
-    ) -> None:
+        self, model: Any, config: BatchConfig, sharing: PrefixSharing | None = None,
+        fmt: Any = None,
+    ) -> None:  # fmt: skip
         self.sharing = sharing
+        self.fmt = fmt  # the KV format of every row's caches (None: unquantized)
         self.gen = BatchGenerator(
             model,
             completion_batch_size=config.completion_batch_size,
@@ -105,6 +111,8 @@ class BatchedRows:
         segments = [
             self._segments(r, p, h) for r, p, h in zip(rows, prompts, histories, strict=True)
         ]
+        if caches and any(c is not None for c in caches):
+            caches = [mergeable(c) if c is not None else None for c in caches]
         uids = self.gen.insert_segments(
             segments,
             max_tokens=[r.req.max_tokens - len(r.generated) for r in rows],

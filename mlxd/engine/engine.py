@@ -15,21 +15,20 @@ import weakref
 from typing import Any
 
 # mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
-from mlx_lm.generate import generation_stream
-
 from .admission import Admission, Overloaded
-from .batch import BatchConfig, BatchedRow, BatchedRows, batchable
+from .batch import BatchConfig, BatchedRows, batchable
 from .fork import ForkJob
 from .handle import RequestHandle
 from .kv_budget import KVCost
 from .materialize import materialize
-from .moves import Serial, serial_into_batch
-from .output import RowOutput, prepare
+from .moves import Serial
+from .output import prepare
 from .prefix import PrefixSharing
 from .prefix_rows import PrefixRows
 from .request import DoneEvent, GenerationRequest
-from .rng import KeyOwner, repair_key, set_key
-from .serial import SerialRow, validate
+from .rng import KeyOwner, repair_key
+from .routing import Routing
+from .serial import validate
 from .threads import run_on_worker
 from .turns import Turns
 
@@ -46,7 +45,7 @@ def _close_all() -> None:
         engine.close()
 
 
-class Engine(PrefixRows, Turns):
+class Engine(PrefixRows, Routing, Turns):
     """Submit requests from any thread; all MLX work happens on the engine's own thread."""
 
     def __init__(
@@ -85,7 +84,7 @@ class Engine(PrefixRows, Turns):
         self.sharing = PrefixSharing(prefix_store, namespace) if prefix_store is not None else None
         self._serial: Serial | None = None
         self._alone = False  # the serial row cannot share the batched step
-        self._batch: BatchedRows | None = None
+        self._batches: dict[Any, BatchedRows] = {}  # by KV format (None: unquantized)
         self._forks: list[ForkJob] = []  # n > 1 prompts being prefilled once
         self._groups: dict[int, list[RequestHandle]] = {}  # first handle -> its siblings
         self.paths: collections.Counter[str] = collections.Counter()
@@ -144,12 +143,12 @@ class Engine(PrefixRows, Turns):
     def _active(self) -> list[RequestHandle]:
         handles = [self._serial[1]] if self._serial else []
         handles += [h for job in self._forks for h in job.handles]
-        return handles + ([r.handle for r in self._batch.rows.values()] if self._batch else [])
+        return handles + [r.handle for b in self._batches.values() for r in b.rows.values()]
 
     def _running_requests(self) -> list[GenerationRequest]:
         reqs = [self._serial[0].req] if self._serial else []
         reqs += [job.req for job in self._forks]
-        return reqs + ([r.req for r in self._batch.rows.values()] if self._batch else [])
+        return reqs + [r.req for b in self._batches.values() for r in b.rows.values()]
 
     def stats(self) -> dict[str, Any]:
         """Rows, throughput over the engine's busy time, reserved KV, and the paths taken."""
@@ -190,7 +189,7 @@ class Engine(PrefixRows, Turns):
 
     # engine thread
     def _admit(self) -> None:
-        busy = self._serial is not None or bool(self._forks) or self._batch is not None
+        busy = self._serial is not None or bool(self._forks) or bool(self._batches)
         defer = None
         if self.sharing is not None and busy and self.admission.waiting:
             self.sharing.prune({id(r) for r in self._running_requests()})
@@ -212,67 +211,10 @@ class Engine(PrefixRows, Turns):
                     h.put(DoneEvent("error", e))
             raise
 
-    def _start(self, joiners: list) -> None:
-        """Turn this round's joiners into rows: forks, a serial row, or batch joiners."""
-        for req, handle in [j for j in joiners if j[0].n > 1]:
-            handles = [handle, *self._groups.pop(id(handle), [])]
-            plan = self._plan(req)
-            for h in handles:
-                h.cached_tokens = req.cached_tokens
-            job = ForkJob(self.model, req, handles, generation_stream, self.tokenizer, plan,
-                          self._snapshot(req, plan))  # fmt: skip
-            self._forks.append(job)
-            self.paths["forked"] += req.n
-        joiners, plans = self._share([j for j in joiners if j[0].n == 1])
-        if not joiners:
-            return
-        outs = [RowOutput(req, self.tokenizer, h.submitted) for req, h in joiners]
-        solo = len(joiners) == 1 and batchable(joiners[0][0], self.config) is not None
-        if not self._active() and len(joiners) == 1 and (self.serial_fast_path or solo):
-            (req, handle), out, plan = joiners[0], outs[0], plans[0]
-            self._alone = solo
-            self.paths["alone" if self._alone else "serial"] += 1
-            try:
-                row = SerialRow(self.model, req, generation_stream, plan, self._snapshot(req, plan))
-                self._serial = (row, handle, out)
-            except Exception as e:  # noqa: BLE001 - the caller re-raises it
-                self._alone = False
-                handle.put(out.done("error", e))
-            return
-        self.paths["batched"] += len(joiners)
-        rows, prompts, caches, histories = [], [], [], []
-        for (req, handle), out, plan in zip(joiners, outs, plans, strict=True):
-            start = plan.start if plan is not None else 0
-            cuts = [c for c, _ in plan.cuts] if plan is not None else []
-            rows.append(BatchedRow(req, handle, out, key=req.random_key, plan=plan, cuts=cuts))
-            prompt = req.prompt.tolist()
-            prompts.append(prompt[start:])
-            caches.append(plan.cache if plan is not None and plan.cache else req.prompt_cache)
-            histories.append(prompt[:start])
-        self._into_batch(rows, prompts, caches, histories)
-
-    def _into_batch(self, rows, prompts, caches, histories) -> None:
-        """Insert joiners into the batch (created on demand); a serial row joins them first."""
-        if self._batch is None:
-            self._batch = BatchedRows(self.model, self.config, self.sharing)
-            first = rows[0].req
-            if self._serial is None and first.random_key is not None and first.draws is None:
-                set_key(first.random_key)  # a user sampler draws from the thread's key
-        if self._serial is not None:
-            self.paths["serial->batched"] += 1
-            moved = serial_into_batch(self._serial, self._keys)
-            self._serial = None
-            if moved is not None:
-                rows.insert(0, moved[0])
-                prompts.insert(0, moved[1])
-                caches.insert(0, moved[2])
-                histories.insert(0, moved[3])
-        self._batch.insert(rows, prompts, caches, histories)
-
     def _shutdown(self) -> None:
         handles = self._active() + self.admission.drain()
         handles += [h for group in self._groups.values() for h in group]
-        self._serial, self._batch, self._forks = None, None, []
+        self._serial, self._batches, self._forks = None, {}, []
         for handle in handles:
             handle.put(DoneEvent("cancelled"))
 
@@ -288,8 +230,8 @@ class Engine(PrefixRows, Turns):
                     self._fork_turn()
                 if self._serial is not None:
                     self._serial_turn()
-                if self._batch is not None:
-                    self._batch_turn()
+                if self._batches:
+                    self._batch_turns()
                 if self.sharing is not None:
                     self.sharing.tick()
                 self._busy_s += time.perf_counter() - tic
@@ -302,12 +244,12 @@ class Engine(PrefixRows, Turns):
         handles = self._active()
         handles += [h for group in self._groups.values() for h in group]
         self._serial, self._alone, self._forks, self._groups = None, False, [], {}
-        if self._batch is not None:
+        for batch in self._batches.values():
             try:
-                self._batch.gen.close()
+                batch.gen.close()
             except Exception:  # noqa: BLE001 - it is being discarded anyway
                 pass
-            self._batch = None
+        self._batches = {}
         self._keys = KeyOwner()
         if self.sharing is not None:
             self.sharing.reset()

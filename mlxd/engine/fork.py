@@ -1,6 +1,7 @@
-"""`n` > 1: several rows from one prompt, prefilled once.
+"""A prompt prefilled alone, a chunk per engine turn, beside the batch: `n` > 1 (several rows
+from one prompt, prefilled once) and quantized-KV rows whose prefill converts their caches.
 
-The prompt (all but its last token) is prefilled a chunk per engine turn on one serial cache;
+The prompt (all but its last token) is prefilled on one serial cache, as generate_step does;
 then the cache is copied for each sibling and all of them join the batch, each feeding the
 last prompt token with its own sampler stream."""
 
@@ -20,10 +21,12 @@ class ForkJob:
     def __init__(
         self, model: Any, req: GenerationRequest, handles: list[RequestHandle], stream: Any,
         tokenizer: Any | None, plan: Plan | None = None, snapshot: Any = None,
+        outs: list[RowOutput] | None = None, row: SerialRow | None = None,
     ) -> None:  # fmt: skip
+        """`row`: continue a serial row's prefill (it is still prefilling) instead of a new one."""
         self.req, self.handles, self.plan = req, handles, plan
-        self.row = SerialRow(model, req, stream, plan, snapshot)
-        self.outs = [RowOutput(req, tokenizer, h.submitted) for h in handles]
+        self.row = row if row is not None else SerialRow(model, req, stream, plan, snapshot)
+        self.outs = outs or [RowOutput(req, tokenizer, h.submitted) for h in handles]
 
     @property
     def ready(self) -> bool:

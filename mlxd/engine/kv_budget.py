@@ -8,6 +8,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
+from ..kv import mixed
 from .request import GenerationRequest
 
 
@@ -24,6 +25,16 @@ def _token_bytes(cache: Any) -> int:
     return sum(a.nbytes // a.shape[-2] for a in (cache.keys, cache.values))
 
 
+def _converts_at(req: GenerationRequest) -> int:
+    """The offset at which generate_step converts a row's caches: the first model call that
+    reaches `quantized_kv_start` (a prefill chunk's end, or a decode step)."""
+    start, prefill = req.quantized_kv_start, len(req.prompt) - 1
+    if start > prefill:
+        return start
+    chunk = req.prefill_step_size
+    return min(max(-(-start // chunk), 1) * chunk, prefill)
+
+
 def _allocated(tokens: int, step: int) -> int:
     """KV caches grow in steps of `step` tokens: memory follows the rounded-up length."""
     return -(-tokens // step) * step
@@ -38,6 +49,7 @@ class KVCost:
     fixed: int = 0  # recurrent state, whatever the length
     context: int | None = None  # the model's maximum positions, if it says
     itemsize: int = 2  # bytes of one key / value element (the model's dtype)
+    per_layer: list[int] = field(default_factory=list)  # growing bytes/token by layer (0: other)
 
     @classmethod
     def probe(cls, model: Any) -> "KVCost":
@@ -47,9 +59,11 @@ class KVCost:
         cost = cls(context=getattr(getattr(model, "args", None), "max_position_embeddings", None))
         for c in cache:
             mx.eval(c.state)
+            cost.per_layer.append(0)
             if isinstance(c, RotatingKVCache):
                 cost.windowed.append((_token_bytes(c), c.max_size))
             elif isinstance(c, KVCache):
+                cost.per_layer[-1] = _token_bytes(c)
                 cost.per_token += _token_bytes(c)
                 cost.itemsize = c.keys.itemsize
             else:
@@ -64,6 +78,12 @@ class KVCost:
         per_element = kv_bits / 8 + 2 * self.itemsize / group_size
         return self.per_token * per_element / self.itemsize
 
+    def row_token_bytes(self, req: GenerationRequest) -> float:
+        """Bytes per token of the row's growing layers once its KV scheme applies."""
+        if req.kv_config is not None:
+            return mixed.token_bytes(req.kv_config, self.per_layer, self.itemsize)
+        return self.token_bytes(req.kv_bits, req.kv_group_size)
+
     def worst(self, req: GenerationRequest) -> int:
         """Worst-case bytes of `req` over its whole life."""
         gen = req.max_tokens if req.max_tokens >= 0 else self.context
@@ -75,7 +95,14 @@ class KVCost:
         if req.max_kv_size is not None:
             tokens = min(tokens, req.max_kv_size)
         step = KVCache.step
-        growing = _allocated(tokens, step) * self.token_bytes(req.kv_bits, req.kv_group_size)
+        growing = _allocated(tokens, step) * self.token_bytes()
+        quantizes = req.kv_bits is not None or req.kv_config is not None
+        if quantizes and tokens - 1 >= req.quantized_kv_start:
+            # Unquantized until its conversion, then quantized (the moment both copies exist is
+            # one row at a time on the engine thread: not reserved per row).
+            quant = _allocated(tokens, step) * self.row_token_bytes(req)
+            at = _allocated(_converts_at(req), step) * self.token_bytes()
+            growing = max(at, quant)
         # A window holds up to max_size tokens, but a prefill chunk is appended whole first.
         chunk = min(tokens, req.prefill_step_size)
         windowed = sum(

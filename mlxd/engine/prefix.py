@@ -62,6 +62,8 @@ class PrefixSharing:
     def namespace(self, req: GenerationRequest) -> str:
         """The model (and adapter) plus the request's KV scheme: entries never cross schemes."""
         scheme = f"kv{req.kv_bits}g{req.kv_group_size}s{req.quantized_kv_start}w{req.max_kv_size}"
+        if req.kv_config is not None:
+            scheme += f"|{req.kv_config.key}"
         return f"{self.base}|{scheme}"
 
     @staticmethod

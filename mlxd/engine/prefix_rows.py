@@ -17,7 +17,7 @@ class PrefixRows:
     admission: Any
     paths: Any
     _serial: Any
-    _batch: Any
+    _batches: dict[Any, Any]
 
     def _plan(self, req: GenerationRequest) -> Plan | None:
         """The store's plan; without the store, the request's prefill cuts still apply (they
@@ -67,8 +67,8 @@ class PrefixRows:
         active = 0
         if self._serial is not None:
             active += sum(c.nbytes for c in self._serial[0].cache)
-        if self._batch is not None:
-            active += self._batch.gen.prompt_cache_nbytes
+        for batch in self._batches.values():
+            active += batch.gen.prompt_cache_nbytes
         if active:
             self.sharing.trim(cap - active)
 

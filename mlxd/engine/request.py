@@ -27,6 +27,9 @@ class GenerationRequest:
     kv_bits: int | None = None
     kv_group_size: int = 64
     quantized_kv_start: int = 5000
+    kv_config: Any = None  # mixed per-layer KV (kv.mixed.MixedKV, mlx-optiq's kv_config)
+    # Quantize sliding-window layers too (mlx-lm raises "RotatingKVCache Quantization NYI").
+    quantize_windows: bool = False
     input_embeddings: mx.array | None = None
     prompt_progress_callback: Callable[[int, int], None] | None = None
     stop_token_ids: frozenset[int] = frozenset()  # the row ends after emitting one of these

@@ -4,16 +4,15 @@ A row alternates `advance()` calls with other rows; the ops it enqueues for itse
 ones generate_step enqueues, in the same order, so its tokens and logprobs are the same bits.
 """
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import maybe_quantize_kv_cache
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.utils import does_model_support_input_embeddings
 
+from ..kv.convert import converter
 from ..store.layers import clone
 from .prefix import Plan
 from .request import GenerationRequest, TokenEvent
@@ -54,12 +53,7 @@ class SerialRow:
         self.cache = plan.cache if plan is not None and plan.cache is not None else None
         if self.cache is None:
             self.cache = req.prompt_cache or make_prompt_cache(model, max_kv_size=req.max_kv_size)
-        self.quantize = functools.partial(
-            maybe_quantize_kv_cache,
-            quantized_kv_start=req.quantized_kv_start,
-            kv_group_size=req.kv_group_size,
-            kv_bits=req.kv_bits,
-        )
+        self.quantize = converter(req)
         self.sampler = req.sampler or greedy_sampler
         self.progress = req.prompt_progress_callback or (lambda *_: None)
         start = plan.start if plan is not None else 0
@@ -94,8 +88,7 @@ class SerialRow:
         row.model, row.req, row.stream, row.cache = model, req, stream, cache
         row.plan, row.snapshot, row.cuts = None, None, []
         row.fed = len(history)
-        row.quantize = functools.partial(maybe_quantize_kv_cache, quantized_kv_start=0,
-                                         kv_group_size=64, kv_bits=None)  # fmt: skip
+        row.quantize = converter(req)  # a row that has not converted yet converts here
         row.sampler = req.sampler or greedy_sampler
         row.progress = lambda *_: None
         row.prompt, row.emb = mx.array([], dtype=mx.int32), None

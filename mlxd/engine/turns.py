@@ -7,6 +7,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .crossing import crossing
 from .handle import wake
 from .moves import last_row_out
 from .request import DoneEvent, TokenEvent
@@ -20,7 +21,7 @@ class Turns:
 
     _forks: list[Any]
     _serial: Any
-    _batch: Any
+    _batches: dict[Any, Any]
 
     def _fork_turn(self) -> None:
         """One prefill chunk for each n > 1 prompt; ready ones fork into the batch."""
@@ -82,27 +83,49 @@ class Turns:
         if self.sharing is not None and row.processed > before:
             self.sharing.store.observe_prefill(row.processed - before, time.perf_counter() - tic)
 
-    def _batch_turn(self) -> None:
-        batch = self._batch
-        for row in [r for r in batch.rows.values() if r.handle.cancelled]:
-            batch.remove(row)  # its cache is not kept: extracting it would cost a copy
-            row.handle.put(row.out.done("cancelled"))
-        try:
-            events = batch.step() if len(batch) else []
-        except Exception as e:  # noqa: BLE001 - a failed step ends the rows in it, not the engine
-            log.exception("batched step failed; its rows end with the error")
-            events = [(r.handle, r.out.done("error", e)) for r in batch.rows.values()]
-            batch.rows.clear()
-        if self.serial_fast_path and len(batch) == 1 and not self.admission.waiting:
-            if (serial := last_row_out(batch, self.model, self._keys)) is not None:
-                self._serial = serial
-                self.paths["batched->serial"] += 1
-        if not len(batch):
-            batch.close()
-            self.last_batch_stats, self._batch = batch.stats, None
-            self.last_batch_key = batch.final_key
+    def _batch_turns(self) -> None:
+        """A step of every batch (one per KV format). Rows whose KV turned quantized move from
+        the unquantized batch to their format's batch (crossing.py)."""
+        events = []
+        for fmt in list(self._batches):
+            batch = self._batches[fmt]
+            events += self._batch_turn(batch)
+            if fmt is None and len(batch):
+                joiners = crossing(batch, events)
+                if joiners:
+                    self.paths["crossed to quantized"] += len(joiners)
+                    self._into_batch(*map(list, zip(*joiners, strict=True)))
+            if not len(batch):
+                self._close(fmt, batch)
+        lone = [b for b in self._batches.values() if len(b)]
+        if self.serial_fast_path and not self.admission.waiting and not self._forks:
+            if self._serial is None and len(lone) == 1 and len(lone[0]) == 1:
+                if (serial := last_row_out(lone[0], self.model, self._keys)) is not None:
+                    self._serial = serial
+                    self.paths["batched->serial"] += 1
+                    if not len(lone[0]):
+                        self._close(lone[0].fmt, lone[0])
         watchers = []
         for handle, event in events:
             self._tokens += isinstance(event, TokenEvent)
             watchers += handle.put_quiet(event)
         wake(watchers)
+
+    def _close(self, fmt: Any, batch: Any) -> None:
+        batch.close()
+        self.last_batch_stats = batch.stats
+        self.last_batch_key = batch.final_key
+        if self._batches.get(fmt) is batch:
+            del self._batches[fmt]
+
+    def _batch_turn(self, batch: Any) -> list[tuple[Any, Any]]:
+        for row in [r for r in batch.rows.values() if r.handle.cancelled]:
+            batch.remove(row)  # its cache is not kept: extracting it would cost a copy
+            row.handle.put(row.out.done("cancelled"))
+        try:
+            return batch.step() if len(batch) else []
+        except Exception as e:  # noqa: BLE001 - a failed step ends the rows in it, not the engine
+            log.exception("batched step failed; its rows end with the error")
+            events = [(r.handle, r.out.done("error", e)) for r in batch.rows.values()]
+            batch.rows.clear()
+            return events

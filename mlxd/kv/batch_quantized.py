@@ -226,3 +226,37 @@ class BatchQuantizedKVCache(_BaseCache):
         if self.keys is None or self.values is None:
             return 0
         return sum(x.nbytes for x in (*self.keys, *self.values))
+
+
+class RowQuantizedKVCache(QuantizedKVCache):
+    """mlx-lm's QuantizedKVCache that BatchGenerator can merge (mlx-lm's has no `merge`)."""
+
+    @classmethod
+    def merge(cls, caches: list[QuantizedKVCache]) -> BatchQuantizedKVCache:  # type: ignore[override]
+        return BatchQuantizedKVCache.merge(caches)
+
+
+def mergeable(cache: list[Any]) -> list[Any]:
+    """A row's cache list with its QuantizedKVCache layers as RowQuantizedKVCache (the same
+    arrays, not copied), so mlx-lm's `_merge_caches` can batch them."""
+    out = []
+    for c in cache:
+        if type(c) is QuantizedKVCache:
+            row = RowQuantizedKVCache(group_size=c.group_size, bits=c.bits)
+            row.keys, row.values, row.offset = c.keys, c.values, c.offset
+            c = row
+        out.append(c)
+    return out
+
+
+def is_quantized(cache: list[Any] | None) -> bool:
+    return cache is not None and any(hasattr(c, "bits") for c in cache)
+
+
+def batch_format(cache: list[Any] | None) -> tuple[tuple[int, int, int], ...] | None:
+    """Which batch a row's cache can join: None while unquantized, else (layer, bits, group)
+    of every quantized layer (rows share a batch only when every layer has one format)."""
+    if not is_quantized(cache):
+        return None
+    assert cache is not None
+    return tuple((i, c.bits, c.group_size) for i, c in enumerate(cache) if hasattr(c, "bits"))

@@ -13,7 +13,6 @@ from mlx_lm.generate import make_text_state_machine
 
 from ..engine import GenerationRequest, KVBudgetExceeded, Overloaded, SamplingParams
 from ..engine.handle import RequestHandle
-from ..kv.schemes import reaches_quantization
 from .errors import APIError, bad_request
 from .offload import offload
 from .params import GenParams
@@ -79,10 +78,6 @@ def build_request(served: Served, prompt: Prompt, p: GenParams, args: Any) -> Ge
         raise bad_request(f"logit_bias token ids must be in [0, {vocab})", "logit_bias")
     if vocab is not None and (bad := [t for t in prompt.tokens if not 0 <= t < vocab]):
         raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "prompt")
-    if served.kv_refusal is not None and reaches_quantization(
-        n_prompt, max_tokens, args.quantized_kv_start
-    ):  # mlx-lm would fail it mid-request with "Quantization NYI"
-        raise bad_request(f"{served.kv_refusal}; this request reaches --quantized-kv-start")
     eos = list(tok.eos_token_ids)
     sampling = SamplingParams(
         temp=p.temperature,
@@ -107,6 +102,10 @@ def build_request(served: Served, prompt: Prompt, p: GenParams, args: Any) -> Ge
         kv_bits=args.kv_bits,
         kv_group_size=args.kv_group_size,
         quantized_kv_start=args.quantized_kv_start,
+        kv_config=getattr(args, "kv_config", None),  # loaded by cli.generate.resolve_kv_config
+        # Where mlx_lm.server fails mid-request ("RotatingKVCache Quantization NYI"), mlxd
+        # quantizes sliding-window layers too (kv/rotating_quantized.py, mlx-optiq's bits).
+        quantize_windows=True,
         stop_token_ids=frozenset(eos),
         stop_sequences=[tok.encode(w, add_special_tokens=False) for w in p.stop],
         sampling=sampling,

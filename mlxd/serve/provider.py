@@ -18,6 +18,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..engine import Engine
 from ..engine.batch import BatchConfig
+from ..kv import mixed
 from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
 from ..model.default import DEFAULT_MODEL_NAME
@@ -41,7 +42,6 @@ class Served:
     engine: Engine
     context_length: int | None  # max_position_embeddings, when the config says
     weight_bytes: int
-    kv_refusal: str | None = None  # why --kv-bits cannot apply to a cache layer, if it cannot
 
 
 def _context_length(folder: Path) -> int | None:
@@ -79,11 +79,16 @@ class ModelProvider:
         if self.args.use_default_chat_template and tokenizer.chat_template is None:
             tokenizer.chat_template = tokenizer.default_chat_template
         a = self.args
-        kv_refusal = unsupported(model, a.kv_bits, getattr(a, "max_kv_size", None))
-        if kv_refusal is not None and a.quantized_kv_start <= 0:  # every request would fail
-            raise ModelLoadError(
-                f"{folder}: {kv_refusal} (--quantized-kv-start {a.quantized_kv_start})"
-            )
+        window = getattr(a, "max_kv_size", None)
+        if (kv_config := getattr(a, "kv_config", None)) is not None:
+            try:
+                mixed.check(model, kv_config, window)
+            except ValueError as e:
+                raise ModelLoadError(f"{folder}: --kv-config: {e}") from e
+        # Sliding-window layers are quantized too (quantize_windows): only a kv_config naming
+        # a layer that holds no keys and values is refused.
+        if (why := unsupported(model, a.kv_bits, window, kv_config, windows=True)) is not None:
+            raise ModelLoadError(f"{folder}: {why}")
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         kv_budget = kv_budget_from(a, weights)
         store, namespace = make_store(a, folder, adapter, kv_budget)
@@ -104,7 +109,7 @@ class ModelProvider:
             engine.announce_scheme(a.kv_bits, a.kv_group_size)
         name = ref if ref is not None else DEFAULT_MODEL_NAME
         ctx = _context_length(folder)
-        return Served(name, model, tokenizer, engine, ctx, weights, kv_refusal)
+        return Served(name, model, tokenizer, engine, ctx, weights)
 
     def get(self, name: str | None, adapter: str | None = None, fallback: bool = False) -> Served:
         """The model a request names; raises ModelLoadError when it cannot be loaded, unless

@@ -82,6 +82,26 @@ def test_bench_generate_with_quantized_kv(tmp_path: Path, capsys) -> None:
     assert "KV: 2-bit, group 32, from token 0 (both sides)" in capsys.readouterr().out
 
 
-def test_bench_generate_refuses_quantized_kv_in_concurrent_mode() -> None:
-    with pytest.raises(SystemExit, match="single-stream only"):
-        main(["bench", "generate", "--random-shape", "tiny", "--kv-bits", "4", "--concurrent", "2"])
+def test_bench_generate_concurrent_with_quantized_kv(tmp_path: Path) -> None:
+    """--kv-bits --concurrent: mlx-lm runs the streams one after another (as mlx_lm.server does
+    with --kv-bits) and mlxd batches them; every stream's tokens are generate_step's."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    from mlxd.bench.models import build_random, random_prompts
+
+    out = tmp_path / "bench.json"
+    argv = ["bench", "generate", "--random-shape", "tiny", "--dtype", "float32", "--rounds", "1"]
+    argv += ["--prompt-tokens", "12", "--gen-tokens", "6", "--kv-bits", "4", "--warmup", "0"]
+    argv += ["--kv-group-size", "32", "--quantized-kv-start", "14", "--concurrent", "3"]
+    main([*argv, "--json", str(out)])
+    result = json.loads(out.read_text())["concurrent"]
+    bm = build_random("tiny", "float32", seed=0)
+    flags = dict(kv_bits=4, kv_group_size=32, quantized_kv_start=14)
+    want = [
+        [int(t) for t, _ in generate_step(mx.array(p), bm.model, max_tokens=6, **flags)]
+        for p in random_prompts(bm.vocab_size, 3, 12, 1)
+    ]
+    got = result["rounds"][0]
+    assert got["mlx_lm"]["tokens"] == got["mlxd"]["tokens"] == want
+    assert result["engine_paths"]["crossed to quantized"] == 3

@@ -93,6 +93,33 @@ def test_n_needs_the_batched_step(loaded) -> None:
     engine = Engine(model)
     try:
         with pytest.raises(ValueError, match="n > 1 needs the batched step"):
-            engine.submit_n(_req(tok.encode(TEXT), kv_bits=4), 2)
+            engine.submit_n(_req(tok.encode(TEXT), max_kv_size=8), 2)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("start", [6, 30])
+def test_seeded_siblings_with_quantized_kv_equal_their_solo_runs(loaded, start: int) -> None:
+    """n = 3 with --kv-bits: the prompt is prefilled once (converted in its prefill, start 6,
+    or while decoding, start 30) and choice i equals generate_step seeded with seed + i."""
+    model, tok = loaded
+    prompt = tok.encode(TEXT)
+    kv = dict(kv_bits=4, kv_group_size=32, quantized_kv_start=start)
+    params = SamplingParams(temp=1.0, top_k=50)
+    engine = Engine(model)
+    try:
+        handles = engine.submit_n(_req(prompt, sampling=params, seed=5, **kv), 3)
+        outs = [[(e.token, e.logprobs) for e in h] for h in handles]
+        for i, out in enumerate(outs):
+            mx.random.seed(5 + i)
+            solo = generate_step(
+                mx.array(prompt), model, max_tokens=10, prefill_step_size=4,
+                sampler=params.sampler(), **kv,
+            )  # fmt: skip
+            want = list(solo)
+            assert [t for t, _ in out] == [t for t, _ in want]
+            assert all(
+                mx.array_equal(a, b).item() for (_, a), (_, b) in zip(out, want, strict=True)
+            )
     finally:
         engine.close()

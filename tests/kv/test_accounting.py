@@ -50,10 +50,12 @@ def test_a_budget_admits_with_4_bit_kv_a_context_it_refuses_unquantized(
     model, tok = load(str(tiny_model("qwen3")))
     prompt = mx.array(tok.encode("Tell me a story about a cat"))
     per_token = _measured(model, None, 64)
-    budget = int(per_token * N * 0.5)  # half of what N tokens take unquantized
+    # 0.6 of what 2N tokens take unquantized. The row holds bf16 until it converts (mlx-lm
+    # allocates 256 positions at a time: half of it), then 4-bit: it fits.
+    budget = int(per_token * 2 * N * 0.6)
     engine = Engine(model, kv_budget=budget)
     try:
-        room = N - len(prompt)
+        room = 2 * N - len(prompt)
         with pytest.raises(KVBudgetExceeded, match="kv_budget"):
             engine.submit(GenerationRequest(prompt=prompt, max_tokens=room))
         req = GenerationRequest(prompt=prompt, max_tokens=room, kv_bits=4, quantized_kv_start=0)
@@ -62,3 +64,33 @@ def test_a_budget_admits_with_4_bit_kv_a_context_it_refuses_unquantized(
         assert got == [int(t) for t, _ in want]  # admitted, and mlx-lm's tokens
     finally:
         engine.close()
+
+
+def test_admission_runs_more_4_bit_rows_at_once_than_unquantized(
+    tiny_model: Callable[..., Path],
+) -> None:
+    """One admission round under one budget: rows quantized from the prompt fit as many more at
+    once as the measured bytes per token say (this fp32 model: 32 bits an element against 4 +
+    2 x 32 / 64); rows quantized from token 1024 on cost their unquantized start."""
+    from mlxd.engine.admission import Admission
+    from mlxd.engine.batch import BatchConfig
+    from mlxd.engine.handle import RequestHandle
+
+    model, _ = load(str(tiny_model("qwen3")))
+    total = 8 * N  # tokens of context per row
+    budget = int(_measured(model, None, 64) * 4 * total)  # 4 unquantized rows
+
+    def admitted(**kv) -> int:
+        adm = Admission(64, 64, budget, model, BatchConfig(64, 8, 2048))
+        rows = [
+            GenerationRequest(prompt=mx.arange(16), max_tokens=total - 16, **kv) for _ in range(40)
+        ]
+        adm.push([(r, RequestHandle()) for r in rows])
+        return len(adm.take(lambda: [], False, False))
+
+    ratio = _measured(model, None, 64) / _measured(model, 4, 64)
+    assert ratio == 6.4
+    assert admitted() == 4
+    assert admitted(kv_bits=4, quantized_kv_start=0) == int(4 * ratio)  # 25
+    # bf16 up to token 1024 (half of an unquantized row), then 4-bit: twice as many rows
+    assert admitted(kv_bits=4, quantized_kv_start=4 * N) == 8

@@ -1,8 +1,9 @@
-"""KV schemes a cache layer cannot take: mlx-lm raises "RotatingKVCache Quantization NYI" in the
-middle of generation. The engine (the Python API) keeps exactly that; the server refuses such a
-request before any work (400) and refuses to start when every request would fail, naming the
-layer. Rows that never reach `quantized_kv_start` run, as in mlx-lm; recurrent layers keep
-their own format. Oracle: mlx-lm's generate_step with the same flags, in the same test."""
+"""KV schemes and the layers that take them: mlx-lm raises "RotatingKVCache Quantization NYI" in
+the middle of generation. The engine (the Python API) keeps exactly that unless a request sets
+quantize_windows; the server sets it and serves gemma3 with --kv-bits end to end. Rows that
+never reach `quantized_kv_start` run, as in mlx-lm; recurrent layers keep their own format; a
+kv_config naming a recurrent layer is refused at start-up, naming it. Oracle: mlx-lm's
+generate_step with the same flags, in the same test."""
 
 import asyncio
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from mlx_lm.generate import generate_step
 
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
-from mlxd.kv.schemes import reaches_quantization, unsupported
+from mlxd.kv.schemes import unsupported
 
 
 def _req(tok, n: int, **kw) -> GenerationRequest:
@@ -55,14 +56,6 @@ def test_the_engine_fails_a_rotating_layer_as_mlx_lm_does(engine_on) -> None:
     _same_as_mlx_lm(model, _req(tok, 8), engine)  # and the engine still serves plain rows
 
 
-def test_which_rows_reach_quantization() -> None:
-    assert not reaches_quantization(10, 8, quantized_kv_start=18)  # 17 positions at most
-    assert reaches_quantization(10, 9, quantized_kv_start=18)
-    assert reaches_quantization(10, -1, quantized_kv_start=10**9)  # no limit reaches any
-    assert not reaches_quantization(2, 8, quantized_kv_start=18, cached=8)
-    assert reaches_quantization(2, 8, quantized_kv_start=18, cached=9)
-
-
 def test_unsupported_names_the_layer_and_where_its_window_comes_from(engine_on) -> None:
     gemma, _, _ = engine_on("gemma3")
     qwen, _, _ = engine_on("qwen3")
@@ -71,6 +64,7 @@ def test_unsupported_names_the_layer_and_where_its_window_comes_from(engine_on) 
     )
     assert "from --max-kv-size" in (unsupported(qwen, 8, max_kv_size=64) or "")
     assert unsupported(qwen, 8) is None and unsupported(gemma, None) is None
+    assert unsupported(gemma, 4, windows=True) is None  # quantized rings (the server's way)
 
 
 def test_recurrent_layers_keep_their_state_format(engine_on) -> None:
@@ -79,44 +73,62 @@ def test_recurrent_layers_keep_their_state_format(engine_on) -> None:
     _same_as_mlx_lm(model, _req(tok, 8, kv_bits=4, kv_group_size=32, quantized_kv_start=0), engine)
 
 
-def test_a_server_refuses_at_start_up_when_every_request_would_fail(
+def test_a_server_quantizes_sliding_window_layers_end_to_end(
     tiny_model: Callable[..., Path], tmp_path: Path
 ) -> None:
-    from mlxd.model import ModelLoadError
-    from mlxd.serve.main import make_state
-
-    args = _serve_args(tiny_model("gemma3"), tmp_path, "--quantized-kv-start", "0")
-    with pytest.raises(ModelLoadError, match="cache layer 0: it is a rotating cache"):
-        make_state(args)
-
-
-def test_a_server_refuses_each_request_that_would_fail_and_serves_on(
-    tiny_model: Callable[..., Path], tmp_path: Path
-) -> None:
+    """Where mlx_lm.server fails mid-request, mlxd serve converts gemma3's sliding-window
+    layers into quantized rings (bits: tests/kv/test_rotating_quantized.py, against mlx-optiq)
+    and answers what the engine answers with quantize_windows, concurrent requests batched."""
     import httpx
 
     from mlxd.serve.app import build_app
     from mlxd.serve.main import make_state
 
-    state = make_state(_serve_args(tiny_model("gemma3"), tmp_path, "--quantized-kv-start", "64"))
+    path = tiny_model("gemma3")
+    state = make_state(_serve_args(path, tmp_path, "--quantized-kv-start", "0"))
     transport = httpx.ASGITransport(app=build_app(state))  # in-process, no port
+    prompts = ["Tell me a story", "The sea is", "One two three four five six seven"]
 
-    async def post(max_tokens: int) -> httpx.Response:
+    async def post_all() -> list[httpx.Response]:
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            body = {"prompt": "Tell me a story", "max_tokens": max_tokens}
-            return await client.post("/v1/completions", json=body)
+            bodies = [{"prompt": p, "max_tokens": 24, "temperature": 0} for p in prompts]
+            return await asyncio.gather(*(client.post("/v1/completions", json=b) for b in bodies))
 
     try:
-        refused = asyncio.run(post(100))
-        assert refused.status_code == 400
-        assert "cache layer 0: it is a rotating cache" in refused.json()["error"]["message"]
-        assert asyncio.run(post(8)).status_code == 200  # never reaches 64 positions
+        responses = asyncio.run(post_all())
     finally:
         state.provider.close()
+    model, tok = load(str(path))
+    engine = Engine(model, tokenizer=tok)  # text deltas, as the server streams them
+    try:
+        for prompt, r in zip(prompts, responses, strict=True):
+            assert r.status_code == 200, r.text
+            req = GenerationRequest(prompt=mx.array(tok.encode(prompt)), max_tokens=24, kv_bits=4,
+                                    quantized_kv_start=0, quantize_windows=True)  # fmt: skip
+            handle = engine.submit(req)
+            want = "".join(e.text for e in handle) + handle.wait().text
+            assert r.json()["choices"][0]["text"] == want
+    finally:
+        engine.close()
 
 
-def _serve_args(model: Path, data: Path, *flags: str):
+def test_a_server_refuses_a_kv_config_naming_a_recurrent_layer(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    from mlxd.cli.generate import resolve_kv_config
+    from mlxd.model import ModelLoadError
+    from mlxd.serve.main import make_state
+
+    config = tmp_path / "kv_config.json"
+    config.write_text('[{"layer_idx": 0, "bits": 4}]')  # lfm2's layer 0: convolution state
+    args = _serve_args(tiny_model("lfm2"), tmp_path, "--kv-config", str(config), kv_bits=False)
+    resolve_kv_config(args)  # what `mlxd serve` does before it loads the model
+    with pytest.raises(ModelLoadError, match="kv_config layer 0 .4-bit. cannot apply: the layer"):
+        make_state(args)
+
+
+def _serve_args(model: Path, data: Path, *flags: str, kv_bits: bool = True):
     from mlxd.cli import build_parser
 
-    argv = ["serve", "--model", str(model), "--data-dir", str(data), "--kv-bits", "4", *flags]
-    return build_parser().parse_args(argv)
+    argv = ["serve", "--model", str(model), "--data-dir", str(data), *flags]
+    return build_parser().parse_args(argv + (["--kv-bits", "4"] if kv_bits else []))

@@ -1,6 +1,6 @@
 """Issue 7, point 1 over HTTP: mlx_lm.server and mlxd serve with the same `--kv-bits`,
 `--kv-group-size` and `--quantized-kv-start` answer the same requests with the same tokens,
-logprobs, text and usage (mlx_lm.server runs such rows one at a time; so does mlxd, for now)."""
+logprobs, text and usage. mlx_lm.server runs such rows one at a time; mlxd batches them."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,3 +39,28 @@ def test_quantized_kv_equals_mlx_lm_server(ours, theirs: str, path: str, body: d
     want = _post(theirs, path, body)
     assert want["usage"]["prompt_tokens"] + 24 > FLAGS["quantized_kv_start"]  # it does convert
     assert _comparable(_post(ours.url, path, body)) == _comparable(want)
+
+
+def test_concurrent_quantized_requests_batch_with_mlx_lm_server_s_bits(
+    ours, theirs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mlx_lm.server runs --kv-bits requests one at a time; mlxd runs them in one batch (they
+    convert at different steps and move into a quantized batch), each with the same answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlxd.kv.batch_quantized import BatchQuantizedKVCache
+
+    widest, update = [0], BatchQuantizedKVCache.update_and_fetch
+
+    def spy(self, keys, values):  # the most rows one quantized attention call held
+        widest[0] = max(widest[0], keys.shape[0])
+        return update(self, keys, values)
+
+    monkeypatch.setattr(BatchQuantizedKVCache, "update_and_fetch", spy)
+    prompts = ["Once upon a time", "The capital of France is a city that", "Count: one two"]
+    bodies = [{"prompt": p, "max_tokens": 20, "logprobs": True} for p in prompts]
+    want = [_comparable(_post(theirs, "/v1/completions", b)) for b in bodies]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        got = list(pool.map(lambda b: _comparable(_post(ours.url, "/v1/completions", b)), bodies))
+    assert got == want
+    assert widest[0] >= 2  # quantized rows shared a step
