@@ -100,6 +100,9 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
     ),
 }
+# Qwen3-0.6B without grouped-query attention (16 KV heads), to tell a GQA-specific kernel gap
+# from a general one (docs/benchmarks.md, KV schemes on the H200).
+SHAPES["qwen3-0.6b-mha"] = dict(SHAPES["qwen3-0.6b"], num_key_value_heads=16)
 
 # Default init + tied head makes greedy decoding repeat one id forever; a gain on the residual
 # branches' outputs varies the tokens (so the identical-tokens check compares real work).

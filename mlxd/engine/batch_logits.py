@@ -4,13 +4,17 @@ mlx-lm's GenerationBatch runs logits processors row by row: a slice, the process
 concatenate per row, every step (~4 ops a row). A logit bias only adds constants at fixed
 token ids, so when it is the only processor in the batch, one scatter over the whole batch
 does the same adds to the same logits: the same bits, a handful of ops instead of ~4 per row.
-Any other processor (penalties, user callables) takes mlx-lm's own step, unchanged.
+A grammar (structured outputs) masks with one `where` over the batch, free rows untouched, and
+its masks are filled on the CPU while the device computes the forward. Any other processor
+(penalties, user callables) takes mlx-lm's own step, unchanged.
 """
 
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
+
+from ..constrain.mask import apply_bitmask
 
 
 class LogitBias:
@@ -25,26 +29,46 @@ class LogitBias:
         return logits.at[:, self.indices].add(self.values)
 
 
-def _bias_only(processors: list[Any] | None) -> bool:
-    return not processors or (len(processors) == 1 and isinstance(processors[0], LogitBias))
+def _kinds(processors: list[Any] | None) -> tuple[Any, Any] | None:
+    """(LogitBias or None, grammar or None) when the row's processors are those two at most,
+    in mlx-lm's order (bias, then the grammar's mask); None for anything else."""
+    from ..constrain.processor import GrammarLogitsProcessor
+
+    procs = list(processors or [])
+    grammar = procs.pop() if procs and isinstance(procs[-1], GrammarLogitsProcessor) else None
+    if len(procs) > 1 or (procs and not isinstance(procs[0], LogitBias)):
+        return None
+    return (procs[0] if procs else None), grammar
 
 
 class BiasedGenerationBatch(GenerationBatch):
-    """GenerationBatch whose step applies logit biases as one scatter (see the module doc)."""
+    """GenerationBatch whose step applies logit biases as one scatter and grammar masks as one
+    `where`, the masks filled on the CPU while the device runs the forward (see the module doc)."""
 
     _bias_of: tuple[Any, ...] = ()  # the LogitBias objects the scatter below was built from
     _bias: tuple[mx.array, mx.array, mx.array] | None = None
+    _masker: Any = None
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
-        procs = self.logits_processors
-        if not any(procs) or not all(_bias_only(p) for p in procs):
+        kinds = [_kinds(p) for p in self.logits_processors]
+        if not any(self.logits_processors) or any(k is None for k in kinds):
             return super()._step()
+        biases = [k[0] for k in kinds]  # type: ignore[index]
+        grammars = [k[1] for k in kinds]  # type: ignore[index]
         self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
         inputs = self._current_tokens
         logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
-        rows, cols, values = self._scatter(procs)
-        logits = logits.at[rows, cols].add(values)
+        masks = None
+        if any(grammars):
+            mx.async_eval(logits)  # the forward runs while the CPU fills the masks
+            masks = self._masks(inputs, grammars)
+        if any(biases):
+            rows, cols, values = self._scatter(biases)
+            logits = logits.at[rows, cols].add(values)
+        if masks is not None:
+            constrained = [e for e, g in enumerate(grammars) if g is not None]
+            logits = apply_bitmask(logits, masks, constrained)
         # From here on, GenerationBatch._step's own lines.
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samplers = [
@@ -66,20 +90,35 @@ class BiasedGenerationBatch(GenerationBatch):
             history.append(token)
         return tokens, self._current_logprobs
 
-    def _scatter(self, procs: list[Any]) -> tuple[mx.array, mx.array, mx.array]:
+    def _masks(self, inputs: mx.array, grammars: list[Any]) -> Any:
+        """Feed each constrained row the token this step feeds the model, then fill all their
+        masks at once (llguidance fills rows in parallel, without the GIL)."""
+        from ..constrain.batch import BatchMasker
+
+        tokens = inputs.tolist()  # the previous step's samples: waits for them, not this forward
+        for e, g in enumerate(grammars):
+            if g is not None:
+                self._token_context[e].update_and_fetch(inputs[e : e + 1])  # mlx-lm's history
+                g.advance(tokens[e])
+        if self._masker is None:
+            vocab = next(g for g in grammars if g is not None).matcher.vocab
+            self._masker = BatchMasker(vocab)
+        return self._masker.fill([g.matcher if g is not None else None for g in grammars])
+
+    def _scatter(self, biases: list[Any]) -> tuple[mx.array, mx.array, mx.array]:
         """(row, token id, bias) of every row's bias, rebuilt when the rows change."""
-        of = tuple(p[0] if p else None for p in procs)  # held, so compared by identity
+        of = tuple(biases)  # held, so compared by identity
         if (
             self._bias is None
             or len(of) != len(self._bias_of)
             or any(a is not b for a, b in zip(of, self._bias_of, strict=True))
         ):
             rows, cols, values = [], [], []
-            for e, p in enumerate(procs):
-                if p:
-                    rows.append(mx.full(p[0].indices.shape, e, dtype=mx.int32))
-                    cols.append(p[0].indices)
-                    values.append(p[0].values)
+            for e, b in enumerate(biases):
+                if b is not None:
+                    rows.append(mx.full(b.indices.shape, e, dtype=mx.int32))
+                    cols.append(b.indices)
+                    values.append(b.values)
             self._bias = (mx.concatenate(rows), mx.concatenate(cols), mx.concatenate(values))
             self._bias_of = of
         return self._bias

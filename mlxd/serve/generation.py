@@ -58,6 +58,22 @@ class Usage:
     cached_tokens: int = 0
 
 
+def constrained(served: Served, p: GenParams) -> Any:
+    """The row's grammar as a logits processor (compiled and cached per schema and tokenizer),
+    or None. A grammar that does not compile is a 400 before any prefill."""
+    if p.constraint is None:
+        return None
+    from ..constrain import ConstraintError, compiler_for
+    from ..constrain.processor import GrammarLogitsProcessor
+
+    if p.n > 1:  # one prompt prefilled once for n rows: each would need its own matcher
+        raise bad_request("n > 1 with a structured output is not supported yet", "n")
+    try:
+        return GrammarLogitsProcessor(compiler_for(served.tokenizer).matcher(p.constraint))
+    except ConstraintError as e:
+        raise bad_request(str(e), e.param) from e
+
+
 def build_request(served: Served, prompt: Prompt, p: GenParams, args: Any) -> GenerationRequest:
     tok = served.tokenizer
     n_prompt = len(prompt.tokens)
@@ -65,6 +81,7 @@ def build_request(served: Served, prompt: Prompt, p: GenParams, args: Any) -> Ge
         raise bad_request("the prompt is empty", "prompt")
     if p.n > served.engine.batch:
         raise bad_request(f"n must be at most {served.engine.batch} (the server's --batch)", "n")
+    grammar = constrained(served, p)
     max_tokens = p.max_tokens
     if (ctx := served.context_length) is not None:
         if n_prompt >= ctx:
@@ -109,6 +126,8 @@ def build_request(served: Served, prompt: Prompt, p: GenParams, args: Any) -> Ge
         stop_token_ids=frozenset(eos),
         stop_sequences=[tok.encode(w, add_special_tokens=False) for w in p.stop],
         sampling=sampling,
+        # The grammar masks last, after mlx-lm's bias and penalties (its processor order).
+        logits_processors=None if grammar is None else [*sampling.processors(), grammar],
         seed=p.seed,
         logprob=p.logprobs,
         top_logprobs=max(p.top_logprobs, 0),

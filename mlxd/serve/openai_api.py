@@ -49,13 +49,6 @@ def apply_tool_choice(tools: list[dict] | None, choice: Any) -> list[dict] | Non
 
 
 def refuse_unsupported(body: dict[str, Any]) -> None:
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise bad_request(
-            "response_format other than {'type': 'text'} needs constrained decoding, which this "
-            "server does not support yet",
-            "response_format",
-        )
     draft = body.get("draft_model")
     if draft not in (None, "default_model"):
         raise bad_request("draft_model: speculative decoding is not supported", "draft_model")

@@ -29,6 +29,7 @@ class GenParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     n: int = 1
+    constraint: Any = None  # structured output (mlxd.constrain.Constraint), None: free text
 
 
 NUM = (int, float)
@@ -124,4 +125,26 @@ def read_params(body: dict[str, Any], defaults: Any) -> GenParams:
     for name in ("presence_penalty", "frequency_penalty"):
         if abs(getattr(p, name)) > 1e6:
             raise bad_request(f"{name} must be between -1e6 and 1e6", name)
+    p.constraint = structured(body)
     return p
+
+
+def structured(body: dict[str, Any]) -> Any:
+    """OpenAI `response_format` or vLLM's `structured_outputs` (mlx_lm.server ignores both:
+    mlx-lm #1007); a bad one is a 400 naming the field, before any work."""
+    from ..constrain import ConstraintError, from_response_format, from_structured_outputs
+
+    try:
+        found = [
+            c
+            for c in (
+                from_response_format(body.get("response_format")),
+                from_structured_outputs(body.get("structured_outputs")),
+            )
+            if c is not None
+        ]
+    except ConstraintError as e:
+        raise bad_request(str(e), e.param) from e
+    if len(found) > 1:
+        raise bad_request("give response_format or structured_outputs, not both", "response_format")
+    return found[0] if found else None

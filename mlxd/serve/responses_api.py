@@ -48,16 +48,12 @@ REQUEST_SCHEMA: dict[str, Any] = {
 }
 # mlx-lm sampling extras a Responses body may carry too (read with chat's rules).
 _EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
-_CONSTRAINED = "needs constrained decoding, which this server does not support yet"
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
     text = body.get("text")
     if text is not None and not isinstance(text, dict):
         raise bad_request("text must be an object", "text")
-    fmt = (text or {}).get("format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise bad_request(f"text.format other than {{'type': 'text'}} {_CONSTRAINED}", "text")
     for name in ("background", "conversation", "prompt"):
         if body.get(name) not in (None, False):
             raise bad_request(f"{name} is not supported", name)
@@ -69,7 +65,19 @@ def _params(body: dict[str, Any], defaults: Any) -> GenParams:
     sub = {k: body[k] for k in ("temperature", "top_p", "seed", *_EXTRAS) if k in body}
     if body.get("max_output_tokens") is not None:
         sub["max_tokens"] = check("max_output_tokens", body["max_output_tokens"], int, lo=1)
-    return read_params(sub, defaults)
+    params = read_params(sub, defaults)
+    params.constraint = text_format(body.get("text"))
+    return params
+
+
+def text_format(text: dict[str, Any] | None) -> Any:
+    """Responses' `text.format` (json_schema flattened, or json_object) as a constraint."""
+    from ..constrain import ConstraintError, from_response_format
+
+    try:
+        return from_response_format((text or {}).get("format"), "text.format")
+    except ConstraintError as e:
+        raise bad_request(str(e), e.param) from e
 
 
 class ResponseRequest:

@@ -77,7 +77,7 @@ WRONG = [
     ("stream", "yes"), ("model", 5), ("adapters", 5), ("messages", "hi"), ("messages", {}),
     ("messages", []), ("messages", [5]), ("messages", [{"content": "no role"}]),
     ("tools", "x"), ("tool_choice", 5), ("tool_choice", "required"),
-    ("chat_template_kwargs", "x"), ("response_format", {"type": "json_object"}),
+    ("chat_template_kwargs", "x"), ("response_format", "x"),
 ]  # fmt: skip
 
 

@@ -114,7 +114,7 @@ def test_unsupported_fields_are_refused_not_ignored(client) -> None:
     msgs = [{"role": "user", "content": "x"}]
     with pytest.raises(openai.BadRequestError, match="response_format"):
         client.chat.completions.create(
-            model="default_model", messages=msgs, response_format={"type": "json_object"}
+            model="default_model", messages=msgs, response_format={"type": "xml"}
         )
     with pytest.raises(openai.BadRequestError, match="tool_choice"):
         client.chat.completions.create(

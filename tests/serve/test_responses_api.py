@@ -225,7 +225,7 @@ def test_unknown_previous_response_is_404(client) -> None:
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
         ({"input": "x", "tool_choice": "required", "tools": [FLAT_TOOL]}, "tool_choice"),
         ({"input": "x", "tool_choice": {"type": "function", "name": "get_weather"}}, "tool_choice"),
-        ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text"),
+        ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "x", "temperature": "hot"}, "temperature"),

@@ -1,0 +1,87 @@
+"""Grammar masks in the batched step (issue 8, point 2): constrained and free rows share one
+batch; the masks are filled on the CPU while the forward runs and applied with one `where`
+(`batch_logits.py`). mlx-lm's BatchGenerator running the same processors row by row (its own
+per-row path) is the oracle: token ids and logprob arrays are equal."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from fixtures.batch_oracle import batch_generator_outputs
+from mlx_lm.sample_utils import make_logits_processors
+
+from mlxd.constrain import Constraint, compiler_for
+from mlxd.constrain.processor import GrammarLogitsProcessor
+from mlxd.engine.batch_logits import BiasedGenerationBatch, LogitBias
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+
+TEXTS = ["Hello there my friend", "Tell me a long story about a cat", "x", "one two three four"]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["n", "ok"],
+    "additionalProperties": False,
+}
+# Per row: (constraint, logit bias). Row 1 is free, row 3 free with a bias.
+ROWS = [
+    (Constraint.json_schema(SCHEMA), {17: 5.0}),
+    (None, None),
+    (Constraint.regex(r"(yes|no)-[0-9]{1,3}"), None),
+    (None, {42: 12.0}),
+]
+
+
+@pytest.fixture
+def masked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many rows each batched mask fill covered (the fast path was taken)."""
+    seen: list[int] = []
+    inner = BiasedGenerationBatch._masks
+
+    def spy(self, inputs, grammars):
+        seen.append(len(grammars))
+        return inner(self, inputs, grammars)
+
+    monkeypatch.setattr(BiasedGenerationBatch, "_masks", spy)
+    return seen
+
+
+def test_constrained_and_free_rows_share_a_batch_with_mlx_lm_s_bits(
+    tiny_model: Callable[..., Path], masked: list[int]
+) -> None:
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model("qwen3")))
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    compiler = compiler_for(tok)
+
+    def grammar(c: Constraint | None) -> list:
+        return [GrammarLogitsProcessor(compiler.matcher(c))] if c is not None else []
+
+    oracle = [make_logits_processors(b) + grammar(c) for c, b in ROWS]
+    ref = batch_generator_outputs(model, prompts, 40, eos, oracle)
+    engine = Engine(model)
+    try:
+        reqs = [
+            GenerationRequest(prompt=mx.array(p), max_tokens=40, stop_token_ids=eos,
+                              logits_processors=([LogitBias(b)] if b else []) + grammar(c))
+            for p, (c, b) in zip(prompts, ROWS, strict=True)
+        ]  # fmt: skip
+        got = [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
+    finally:
+        engine.close()
+    for g, r in zip(got, ref, strict=True):
+        assert [t for t, _ in g] == [t for t, _ in r]
+        assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(g, r, strict=True))
+    assert masked and max(masked) == len(TEXTS)  # all four rows in one masked step
+    import json
+    import re
+
+    text = [tok.decode([t for t, _ in g if t not in eos]) for g in got]
+    assert set(json.loads(text[0])) == {"n", "ok"}  # completed under the grammar
+    assert re.fullmatch(r"(yes|no)-[0-9]{1,3}", text[2])
