@@ -12,10 +12,6 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-# From numpy, so it holds data: a lazy mx.arange made at import would belong to the importing
-# thread's stream, and the engine thread could not evaluate it.
-_SHIFTS = mx.array(np.arange(32, dtype=np.uint32))
-
 
 def allocate(batch: int, vocab: int) -> np.ndarray:
     """A [batch, ceil(vocab/32)] int32 bitmask, every token allowed."""
@@ -25,7 +21,10 @@ def allocate(batch: int, vocab: int) -> np.ndarray:
 def allowed(bitmask: np.ndarray | mx.array, width: int) -> mx.array:
     """[B, width] bool: the bits of `bitmask` unpacked on the device, False past its words."""
     words = mx.array(bitmask).view(mx.uint32)  # mx.array copies, so the buffer can be refilled
-    bits = ((words[:, :, None] >> _SHIFTS) & 1).astype(mx.bool_)
+    # Made per call, in the calling thread's stream (an array made at import belongs to the
+    # importing thread's stream, which the engine thread cannot evaluate).
+    shifts = mx.arange(32, dtype=mx.uint32)
+    bits = ((words[:, :, None] >> shifts) & 1).astype(mx.bool_)
     bits = bits.reshape(words.shape[0], -1)
     if bits.shape[1] >= width:
         return bits[:, :width]
