@@ -198,7 +198,9 @@ def from_tool_choice(tools: Any, tool_choice: Any) -> Constraint | None:
         for i, fn in enumerate(fns):
             if fn["name"] == name:
                 return Constraint.json_schema(
-                    _parameters(fn, i), param=f"tools[{i}].function.parameters"
+                    _parameters(fn, i),
+                    whitespace="compact",
+                    param=f"tools[{i}].function.parameters",
                 )
         raise ConstraintError(f"no tool named {name!r}", "tool_choice")
     if tool_choice != "required":
@@ -220,9 +222,11 @@ def from_tool_choice(tools: Any, tool_choice: Any) -> Constraint | None:
                     "parameters": params,
                 },
                 "required": ["name", "parameters"],
+                "additionalProperties": False,  # a call is its name and arguments, no more
             }
         )
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if defs:
         schema["$defs"] = defs
-    return Constraint.json_schema(schema, param="tools")
+    # Compact: a call's JSON is read by the server, never shown, so no whitespace between tokens.
+    return Constraint.json_schema(schema, whitespace="compact", param="tools")

@@ -14,6 +14,7 @@ from mlx_lm.generate import make_text_state_machine
 from ..engine import GenerationRequest, KVBudgetExceeded, Overloaded, SamplingParams
 from ..engine.handle import RequestHandle
 from .errors import APIError, bad_request
+from .forced_tools import ForcedToolText
 from .offload import offload
 from .params import GenParams
 from .prompt import Prompt
@@ -188,7 +189,9 @@ class Generation:
         for handle in self.handles:
             handle.cancel()
 
-    def _choice(self, index: int) -> ChoiceText:
+    def _choice(self, index: int) -> Any:
+        if self.params.forced_tool is not None:
+            return ForcedToolText(self.params.forced_tool)
         tok = self.served.tokenizer
         machine = text_machine(tok, self.params.stop)
         stop = self.params.stop

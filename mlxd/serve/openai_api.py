@@ -15,6 +15,7 @@ from ..model import ModelLoadError
 from . import sse
 from .body import read_json
 from .errors import APIError, bad_request
+from .forced_tools import forced_tool
 from .generation import Chunk, Generation, TokenInfo
 from .offload import offload
 from .params import GenParams, read_params
@@ -29,20 +30,25 @@ def tool_choice_tools(body: dict[str, Any]) -> list[dict] | None:
     tools = body.get("tools") or None
     if tools is not None and not isinstance(tools, list):
         raise bad_request("tools must be a list", "tools")
-    return apply_tool_choice(tools, body.get("tool_choice"))
+    return apply_tool_choice(tools, body.get("tool_choice"), forcing=True)
 
 
-def apply_tool_choice(tools: list[dict] | None, choice: Any) -> list[dict] | None:
+def apply_tool_choice(
+    tools: list[dict] | None, choice: Any, forcing: bool = False
+) -> list[dict] | None:
     """The tools the template sees (OpenAI chat and Responses). `none` hides them; `required`
-    and a named function need constrained decoding, refused until structured outputs land."""
+    and a named function are constrained decoding: chat forces them (`forcing`), Responses
+    refuses them for now."""
     if choice is None or choice == "auto":
         return tools
     if choice == "none":
         return None
+    if (choice == "required" or isinstance(choice, dict)) and forcing:
+        return tools  # the caller constrains the row to the call (forced_tools.py)
     if choice == "required" or isinstance(choice, dict):
         raise bad_request(
             "tool_choice 'required' and named functions need constrained decoding, which this "
-            "server does not support yet; use 'auto' or 'none'",
+            "endpoint does not support yet; use 'auto' or 'none'",
             "tool_choice",
         )
     raise bad_request("tool_choice must be 'none', 'auto', 'required' or an object", "tool_choice")
@@ -128,8 +134,18 @@ class Completion:
         self.params = read_params(body, state.args)
         refuse_unsupported(body)
         self.tools = tool_choice_tools(body) if chat else None
+        if chat and body.get("tool_choice") not in (None, "auto", "none"):
+            self._force_tool(body["tool_choice"])
         opts = body.get("stream_options")
         self.include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+    def _force_tool(self, choice: Any) -> None:
+        """tool_choice "required" or a named function: the row is constrained to the call's
+        JSON (forced_tools.py)."""
+        if self.params.constraint is not None:
+            raise bad_request("tool_choice cannot force a call together with a response format",
+                              "tool_choice")  # fmt: skip
+        self.params.constraint, self.params.forced_tool = forced_tool(self.tools, choice)
 
     async def prompt(self, served: Served) -> Prompt:
         tok = self.state.args, served.tokenizer

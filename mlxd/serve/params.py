@@ -30,6 +30,7 @@ class GenParams:
     stop: list[str] = field(default_factory=list)
     n: int = 1
     constraint: Any = None  # structured output (mlxd.constrain.Constraint), None: free text
+    forced_tool: str | None = None  # tool_choice: the named function, or "required"
 
 
 NUM = (int, float)

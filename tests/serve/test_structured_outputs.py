@@ -111,3 +111,64 @@ def test_bad_constraints_are_400_naming_the_field(
     assert error.get("param") == param
     assert words in error.get("message", "")
     assert _chat(client, 0, max_tokens=4).choices[0].message.content is not None  # still serving
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9},
+                                         "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["a", "b"], "additionalProperties": False}}},
+]  # fmt: skip
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_named_tool_choice_returns_that_call_with_valid_arguments(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    choice = {"type": "function", "function": {"name": "add"}}
+    kw = dict(model="default_model", messages=ASK, tools=TOOLS, tool_choice=choice,
+              temperature=1.0, seed=3, max_tokens=200)  # fmt: skip
+    if stream:
+        calls: dict[int, dict] = {}
+        finish = None
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            for c in chunk.choices:
+                finish = c.finish_reason or finish
+                assert not c.delta.content  # the call's JSON is not streamed as text
+                for tc in c.delta.tool_calls or []:
+                    slot = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                    slot["name"] += tc.function.name or ""
+                    slot["arguments"] += tc.function.arguments or ""
+        got = [calls[i] for i in sorted(calls)]
+    else:
+        out = client.chat.completions.create(**kw)
+        finish = out.choices[0].finish_reason
+        got = [{"name": c.function.name, "arguments": c.function.arguments}
+               for c in out.choices[0].message.tool_calls]  # fmt: skip
+    assert finish == "tool_calls"
+    assert [c["name"] for c in got] == ["add"]
+    jsonschema.validate(json.loads(got[0]["arguments"]), SCHEMAS["add"])
+
+
+def test_tool_choice_required_returns_valid_calls(client: openai.OpenAI) -> None:
+    """Random logits may keep adding calls to the array past max_tokens (then `length`, and the
+    partial JSON stays text); the seeds here finish, and every call they make validates."""
+    for seed in (1, 2, 3):
+        out = client.chat.completions.create(
+            model="default_model", messages=ASK, tools=TOOLS, tool_choice="required",
+            temperature=1.0, seed=seed, max_tokens=600,
+        )  # fmt: skip
+        calls = out.choices[0].message.tool_calls
+        assert out.choices[0].finish_reason == "tool_calls" and calls, out.choices[0]
+        for c in calls:
+            jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+
+
+def test_forcing_a_tool_without_tools_is_a_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(client, 0, tool_choice="required")
+    assert "needs tools" in str(e.value)
