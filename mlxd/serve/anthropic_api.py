@@ -12,13 +12,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from . import sse
-from .anthropic_convert import Conversation, convert_request, model_name, read_params, render
+from .anthropic_convert import (
+    Conversation,
+    constrain,
+    convert_request,
+    model_name,
+    read_params,
+    render,
+)
 from .anthropic_stream import StopWords, error_event, events, fold
 from .body import read_json
 from .errors import bad_request
 from .generation import Generation
 from .offload import offload
 from .openai_api import load_model
+from .params import GenParams
 from .prompt import Prompt
 from .provider import Served
 from .state import ServerState
@@ -42,6 +50,7 @@ async def messages(request: Request) -> Response:
         raise bad_request("stream must be of type bool", "stream")
     params = read_params(body, state.args)
     served, conv, prompt = await _prompt(state, body)
+    constrain(params, body, conv.tools)
     gen = Generation(served, prompt, params, conv.tools, state.metrics, "messages")
     await gen.start(state.args)
     reply = events(gen, model, StopWords(served.tokenizer, params.stop), conv.prefill)
@@ -64,7 +73,8 @@ async def _frames(reply: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[
 async def count_tokens(request: Request) -> Response:
     state: ServerState = request.app.state.mlxd
     body = await read_json(request)
-    _, _, prompt = await _prompt(state, body)
+    _, conv, prompt = await _prompt(state, body)
+    constrain(GenParams(), body, conv.tools)  # refuses what /v1/messages would refuse
     return JSONResponse({"input_tokens": len(prompt.tokens)})
 
 

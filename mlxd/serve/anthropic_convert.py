@@ -221,21 +221,15 @@ def convert_tools(tools: Any) -> list[dict[str, Any]] | None:
 
 
 def tool_choice_tools(tools: list[dict] | None, choice: Any) -> list[dict] | None:
-    """`auto` (the default) shows the tools, `none` hides them; `any` and a named tool need
-    constrained decoding, which is refused until structured outputs land."""
+    """`auto` (the default) shows the tools, `none` hides them; `any` and a named tool show
+    them and force a call (`forced_choice`)."""
     if choice is None:
         return tools
     kind = choice.get("type") if isinstance(choice, dict) else None
-    if kind == "auto":
+    if kind in ("auto", "any", "tool"):
         return tools
     if kind == "none":
         return None
-    if kind in ("any", "tool"):
-        raise bad_request(
-            f"tool_choice '{kind}' needs constrained decoding, which this server does not "
-            "support yet; use 'auto' or 'none'",
-            "tool_choice",
-        )
     raise bad_request(
         "tool_choice must be an object with type 'auto', 'none', 'any' or 'tool'", "tool_choice"
     )
@@ -259,20 +253,37 @@ def thinking_args(thinking: Any) -> dict[str, Any]:
 
 
 def refuse_output_format(config: Any) -> None:
-    """`output_config.format` (structured outputs) needs constrained decoding: refused;
-    `effort` is a hint this server has nothing to map to, so it is accepted."""
+    """`output_config`'s shape; `effort` is a hint this server has nothing to map to, so it is
+    accepted; `format` (structured outputs) is enforced (`constrain`)."""
     if config is None:
         return
     if not isinstance(config, dict):
         raise bad_request("output_config must be an object", "output_config")
     if not isinstance(config.get("effort"), str | None):
         raise bad_request("output_config.effort must be a string", "output_config")
-    if config.get("format") is not None:
+
+
+def constrain(params: GenParams, body: dict[str, Any], tools: list[dict] | None) -> None:
+    """`output_config.format` and `tool_choice` any / tool as the row's constraint (a 400
+    naming the field when bad, or when both are asked for)."""
+    from ..constrain import ConstraintError, from_response_format
+    from .forced_tools import forced_tool
+
+    fmt = (body.get("output_config") or {}).get("format")
+    try:
+        params.constraint = from_response_format(fmt, "output_config.format")
+    except ConstraintError as e:
+        raise bad_request(str(e), e.param) from e
+    choice = body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("any", "tool"):
+        return
+    if params.constraint is not None:
         raise bad_request(
-            "output_config.format (structured outputs) needs constrained decoding, which this "
-            "server does not support yet",
-            "output_config",
+            "tool_choice cannot force a call with output_config.format", "tool_choice"
         )
+    as_openai = "required" if kind == "any" else {"function": {"name": choice.get("name")}}
+    params.constraint, params.forced_tool = forced_tool(tools, as_openai)
 
 
 def convert_request(body: dict[str, Any], server_template_args: dict[str, Any]) -> Conversation:

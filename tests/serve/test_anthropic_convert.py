@@ -164,7 +164,7 @@ def test_tools_and_tool_choice() -> None:
     assert tool_choice_tools(tools, {"type": "auto", "disable_parallel_tool_use": True}) is tools
     assert tool_choice_tools(tools, {"type": "none"}) is None
     for choice in ({"type": "any"}, {"type": "tool", "name": "f"}):
-        assert "constrained decoding" in refused(tool_choice_tools, tools, choice)
+        assert tool_choice_tools(tools, choice) is tools  # shown; the server forces a call
     assert "tool_choice" in refused(tool_choice_tools, tools, "auto")
 
 
@@ -186,7 +186,7 @@ def test_thinking_and_template_args() -> None:
     body["output_config"] = {"effort": "high"}
     convert_request(body, {})
     body["output_config"] = {"format": {"type": "json_schema", "schema": {}}}
-    assert "constrained decoding" in refused(convert_request, body, {})
+    convert_request(body, {})  # the format is the server's constraint, not the template's
 
 
 def test_params() -> None:

@@ -172,3 +172,31 @@ def test_forcing_a_tool_without_tools_is_a_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         _chat(client, 0, tool_choice="required")
     assert "needs tools" in str(e.value)
+
+
+def test_anthropic_tool_choice_and_output_format(qwen3_server) -> None:
+    """The official anthropic SDK: tool_choice tool / any give tool_use blocks whose input
+    validates; output_config.format gives text that validates."""
+    import anthropic
+
+    sdk = anthropic.Anthropic(base_url=qwen3_server.url, api_key="unused")
+    tools = [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS
+    ]
+    ask = [{"role": "user", "content": "Add two numbers."}]
+    for choice in ({"type": "tool", "name": "add"}, {"type": "any"}):
+        msg = sdk.messages.create(model="default_model", max_tokens=600, messages=ask, tools=tools,
+                                  tool_choice=choice, extra_body={"temperature": 1.0})  # fmt: skip
+        uses = [b for b in msg.content if b.type == "tool_use"]
+        assert msg.stop_reason == "tool_use" and uses
+        for use in uses:
+            jsonschema.validate(use.input, SCHEMAS[use.name])
+        if choice["type"] == "tool":
+            assert [u.name for u in uses] == ["add"]
+    out = sdk.messages.create(
+        model="default_model", max_tokens=400, messages=ask,
+        extra_body={"temperature": 1.0,
+                    "output_config": {"format": {"type": "json_schema", "schema": PERSON}}},
+    )  # fmt: skip
+    assert out.stop_reason == "end_turn"
+    jsonschema.validate(json.loads(out.content[0].text), PERSON)
