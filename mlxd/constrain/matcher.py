@@ -71,6 +71,12 @@ class Matcher:
         """Why the matcher failed (a forbidden token, a resource limit), or None."""
         return self._m.get_error() or None if self._m.is_error() else None
 
+    def copy(self) -> "Matcher":
+        """An independent matcher in this one's state (`n` > 1 siblings of one prompt)."""
+        twin = Matcher(self._m.deep_copy(), self.vocab, self.eos)
+        twin._stopped = self._stopped
+        return twin
+
     def forced_tokens(self) -> list[int]:
         """Tokens the grammar forces next (jump-forward decoding; may be empty)."""
         return self._m.compute_ff_tokens()

@@ -38,6 +38,12 @@ class GrammarLogitsProcessor:
         self.matcher.fill(self._mask[0])
         return apply_bitmask(logits, self._mask)
 
+    def fork(self) -> "GrammarLogitsProcessor":
+        """A twin with its own matcher in this one's state (a sibling sampled from one prompt)."""
+        twin = GrammarLogitsProcessor(self.matcher.copy())
+        twin._seen = self._seen
+        return twin
+
     def advance(self, token: int) -> None:
         """The batched step's path (engine/batch_logits.py): one sampled token fed, the history
         one longer, as the next call here would have seen it."""

@@ -36,6 +36,7 @@ class BatchedRow:
     plan: Plan | None = None  # the prefix store's plan for this row
     cuts: list[int] = field(default_factory=list)  # snapshot positions still ahead of it
     offset: int = 0  # tokens in its cache when it was inserted
+    processors: list[Any] | None = None  # its own, when siblings of one request need twins
 
     def sampler(self):
         if self.key is None or self.req.draws is None or self.req.sampler is None:
@@ -106,7 +107,6 @@ class BatchedRows:
         histories: list[list[int]] | None = None,
     ) -> None:
         """Queue rows for batched prefill; a row with a cache continues from it."""
-        reqs = [r.req for r in rows]
         histories = histories or [[] for _ in rows]
         segments = [
             self._segments(r, p, h) for r, p, h in zip(rows, prompts, histories, strict=True)
@@ -119,7 +119,10 @@ class BatchedRows:
             caches=caches if caches and any(c is not None for c in caches) else None,
             all_tokens=histories,
             samplers=[r.sampler() for r in rows],
-            logits_processors=[q.logits_processors or [] for q in reqs],
+            logits_processors=[
+                r.processors if r.processors is not None else (r.req.logits_processors or [])
+                for r in rows
+            ],
             stop_sequences=[r.out.stops for r in rows],
         )
         for uid, row in zip(uids, rows, strict=True):

@@ -63,7 +63,7 @@ def crossing(batch: BatchedRows, events: list[Event]) -> list[Joiner]:
         token, logprobs = gen._next_tokens[i].item(), gen._next_logprobs[i]
         history = list(gen.tokens[i])
         moved = BatchedRow(req, row.handle, row.out, generated=[*row.generated, token])
-        moved.plan = row.plan
+        moved.plan, moved.processors = row.plan, row.processors
         moved.key = row.current_key() if row.keyed is not None else row.key
         event, reason = row.out.token(token, logprobs)
         events.append((row.handle, event))

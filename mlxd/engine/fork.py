@@ -45,7 +45,11 @@ class ForkJob:
             key = self.req.random_key
             if self.req.seed is not None:
                 key = seed_key(self.req.seed + i)  # choice i: the stream of seed + i
-            rows.append(BatchedRow(self.req, handle, out, key=key, plan=self.plan))
+            row = BatchedRow(self.req, handle, out, key=key, plan=self.plan)
+            if i > 0:  # a processor that holds state (a grammar) gets a twin per sibling
+                procs = self.req.logits_processors or []
+                row.processors = [p.fork() if hasattr(p, "fork") else p for p in procs]
+            rows.append(row)
             caches.append(self.row.cache if i == 0 else copy.deepcopy(self.row.cache))
         n = len(rows)
         return rows, [prompt[-1:]] * n, caches, [prompt[:-1] for _ in range(n)]

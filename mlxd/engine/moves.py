@@ -23,6 +23,7 @@ def serial_into_batch(serial: Serial, keys: KeyOwner) -> tuple[BatchedRow, list,
     row, handle, out = serial
     feed, in_cache, logprobs = row.handoff()
     moved = BatchedRow(row.req, handle, out, generated=list(row.emitted), plan=row.plan)
+    moved.processors = row.processors  # its own (a sibling's twin), or the request's
     moved.cuts = list(row.cuts)  # snapshot points its prefill has not reached yet
     if logprobs is not None:
         in_cache = in_cache + row.emitted
@@ -47,7 +48,8 @@ def last_row_out(batch: BatchedRows, model: Any, keys: KeyOwner) -> Serial | Non
     brow, cache, pending = lone
     req = brow.req
     history = req.prompt.tolist() + brow.generated
-    row = SerialRow.resume(model, req, generation_stream, cache, pending, history, brow.generated)
+    row = SerialRow.resume(model, req, generation_stream, cache, pending, history, brow.generated,
+                           brow.processors)  # fmt: skip
     row.plan = brow.plan  # its cache still goes to the prefix store when it ends
     batch.remove(brow)
     if (key := brow.current_key()) is not None:

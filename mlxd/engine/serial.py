@@ -55,6 +55,7 @@ class SerialRow:
             self.cache = req.prompt_cache or make_prompt_cache(model, max_kv_size=req.max_kv_size)
         self.quantize = converter(req)
         self.sampler = req.sampler or greedy_sampler
+        self.processors = req.logits_processors
         self.progress = req.prompt_progress_callback or (lambda *_: None)
         start = plan.start if plan is not None else 0
         self.cuts = [c for c, _ in plan.cuts] if plan is not None else []
@@ -81,6 +82,7 @@ class SerialRow:
         pending: tuple[mx.array, mx.array],
         history: list[int],
         emitted: list[int],
+        processors: list[Any] | None = None,
     ) -> "SerialRow":
         """A row leaving a batch: its (unpadded) caches, its sampled-but-unfed token and that
         token's logprobs, the tokens in its cache, and what it has emitted so far."""
@@ -90,10 +92,11 @@ class SerialRow:
         row.fed = len(history)
         row.quantize = converter(req)  # a row that has not converted yet converts here
         row.sampler = req.sampler or greedy_sampler
+        row.processors = processors if processors is not None else req.logits_processors
         row.progress = lambda *_: None
         row.prompt, row.emb = mx.array([], dtype=mx.int32), None
         row.total = row.processed = len(req.prompt)
-        row.tokens = mx.array(history) if req.logits_processors else None
+        row.tokens = mx.array(history) if row.processors else None
         row.y, row.logprobs = pending
         row.n, row.emitted = len(emitted), list(emitted)
         return row
@@ -107,7 +110,7 @@ class SerialRow:
     def _step(self, tokens: mx.array, emb: mx.array | None = None) -> tuple[mx.array, mx.array]:
         with mx.stream(self.stream):
             logits = self._call(tokens[None], emb[None] if emb is not None else None)[:, -1, :]
-            procs = self.req.logits_processors
+            procs = self.processors
             if procs and len(tokens) > 0:
                 self.tokens = tokens if self.tokens is None else mx.concat([self.tokens, tokens])
                 for processor in procs:
@@ -131,7 +134,7 @@ class SerialRow:
                 self._call(chunk[None], self.emb[:n][None] if self.emb is not None else None)
                 self.quantize(self.cache)
                 mx.eval([c.state for c in self.cache])
-                if self.req.logits_processors and len(chunk) > 0:
+                if self.processors and len(chunk) > 0:
                     self.tokens = chunk if self.tokens is None else mx.concat([self.tokens, chunk])
                 self.processed += n
                 self.progress(self.processed, self.total)

@@ -67,8 +67,6 @@ def constrained(served: Served, p: GenParams) -> Any:
     from ..constrain import ConstraintError, compiler_for
     from ..constrain.processor import GrammarLogitsProcessor
 
-    if p.n > 1:  # one prompt prefilled once for n rows: each would need its own matcher
-        raise bad_request("n > 1 with a structured output is not supported yet", "n")
     try:
         return GrammarLogitsProcessor(compiler_for(served.tokenizer).matcher(p.constraint))
     except ConstraintError as e:

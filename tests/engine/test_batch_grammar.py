@@ -85,3 +85,38 @@ def test_constrained_and_free_rows_share_a_batch_with_mlx_lm_s_bits(
     text = [tok.decode([t for t, _ in g if t not in eos]) for g in got]
     assert set(json.loads(text[0])) == {"n", "ok"}  # completed under the grammar
     assert re.fullmatch(r"(yes|no)-[0-9]{1,3}", text[2])
+
+
+def test_n_siblings_each_follow_their_own_grammar(tiny_model: Callable[..., Path]) -> None:
+    """n = 3 seeded siblings of one constrained prompt: sibling i equals generate_step seeded
+    with seed + i under a fresh grammar processor (each sibling has its own matcher)."""
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    from mlxd.engine.sampling import SamplingParams
+
+    model, tok = load(str(tiny_model("qwen3")))
+    eos = frozenset(tok.eos_token_ids)
+    compiler = compiler_for(tok)
+    regex = Constraint.regex(r"(yes|no)-[0-9]{1,3}")
+    prompt = tok.encode(TEXTS[1])
+    params = SamplingParams(temp=1.0, top_k=50)
+    engine = Engine(model)
+    try:
+        req = GenerationRequest(
+            prompt=mx.array(prompt), max_tokens=12, stop_token_ids=eos, sampling=params,
+            seed=5, logits_processors=[GrammarLogitsProcessor(compiler.matcher(regex))],
+        )  # fmt: skip
+        outs = [[(e.token, e.logprobs) for e in h] for h in engine.submit_n(req, 3)]
+    finally:
+        engine.close()
+    for i, out in enumerate(outs):
+        mx.random.seed(5 + i)
+        solo = generate_step(
+            mx.array(prompt), model, max_tokens=12, sampler=params.sampler(),
+            logits_processors=[GrammarLogitsProcessor(compiler.matcher(regex))],
+        )  # fmt: skip
+        want = list(solo)[: len(out)]  # the engine stops at EOS; generate_step goes on
+        assert [t for t, _ in out] == [t for t, _ in want]
+        assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(out, want, strict=True))
+    assert len({tuple(t for t, _ in o) for o in outs}) > 1

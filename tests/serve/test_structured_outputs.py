@@ -200,3 +200,23 @@ def test_anthropic_tool_choice_and_output_format(qwen3_server) -> None:
     )  # fmt: skip
     assert out.stop_reason == "end_turn"
     jsonschema.validate(json.loads(out.content[0].text), PERSON)
+
+
+def test_n_choices_each_follow_the_schema(client: openai.OpenAI) -> None:
+    """n = 3 from one prompt prefilled once: every sibling has its own grammar state."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    out = _chat(client, 7, n=3, response_format=fmt)
+    texts = [c.message.content for c in out.choices]
+    for text in texts:
+        jsonschema.validate(json.loads(text), PERSON)
+    assert len(set(texts)) > 1  # each choice samples its own stream
+
+
+def test_a_lark_grammar_and_a_bad_one(client: openai.OpenAI) -> None:
+    grammar = 'start: "move " DIR " " NUM\nDIR: "left" | "right"\nNUM: /[1-9]/'
+    out = _chat(client, 2, extra_body={"structured_outputs": {"grammar": grammar}})
+    assert re.fullmatch(r"move (left|right) [1-9]", out.choices[0].message.content)
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(client, 2, extra_body={"structured_outputs": {"grammar": "start: ( unclosed"}})
+    error = e.value.body if isinstance(e.value.body, dict) else {}
+    assert error.get("error", error).get("param") == "structured_outputs.grammar"
