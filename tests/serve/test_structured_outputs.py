@@ -51,9 +51,13 @@ def test_json_schema_outputs_validate(client: openai.OpenAI, seed: int) -> None:
 
 def test_json_object_and_free_text_share_a_batch(client: openai.OpenAI) -> None:
     """Concurrent constrained and free requests; the constrained ones still parse."""
-    kinds = [{"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}, None] * 3
+    kinds = [{"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}, None] * 2
+
+    def one(i: int, fmt: Any) -> Any:  # free rows stop early: they only need to share steps
+        return _chat(client, i, max_tokens=400 if fmt else 40, response_format=fmt)
+
     with ThreadPoolExecutor(len(kinds)) as pool:
-        outs = list(pool.map(lambda a: _chat(client, a[0], response_format=a[1]), enumerate(kinds)))
+        outs = list(pool.map(lambda a: one(*a), enumerate(kinds)))
     for fmt, out in zip(kinds, outs, strict=True):
         if fmt is not None:
             jsonschema.validate(json.loads(out.choices[0].message.content), PERSON)
