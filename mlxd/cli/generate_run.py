@@ -46,7 +46,7 @@ def _check_kv_config(args: argparse.Namespace, model: Any) -> dict[str, Any]:
     except ValueError as e:
         raise ModelLoadError(str(e)) from e
     # As optiq converts them, sliding-window layers named in the file are quantized too.
-    if (why := unsupported(model, None, args.max_kv_size, cfg, windows=True)) is not None:
+    if (why := unsupported(model, cfg, args.max_kv_size)) is not None:
         raise ModelLoadError(why)
     return {"kv_config": cfg, "quantize_windows": True}
 

@@ -87,7 +87,7 @@ class ModelProvider:
                 raise ModelLoadError(f"{folder}: --kv-config: {e}") from e
         # Sliding-window layers are quantized too (quantize_windows): only a kv_config naming
         # a layer that holds no keys and values is refused.
-        if (why := unsupported(model, a.kv_bits, window, kv_config, windows=True)) is not None:
+        if (why := unsupported(model, kv_config, window)) is not None:
             raise ModelLoadError(f"{folder}: {why}")
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         kv_budget = kv_budget_from(a, weights)

@@ -202,13 +202,10 @@ def test_configs_checked_against_the_model(tiny_lm) -> None:
     gemma = tiny_lm("gemma3")
     mixed.check(gemma, mixed.parse(CASES["gemma3"][0]))  # the global layer only: fine
     rotating = mixed.parse([{"layer_idx": 1, "bits": 4}])
-    assert unsupported(gemma, None, None, mixed.parse(CASES["gemma3"][0])) is None
-    assert "cache layer 1: it is a rotating cache" in (
-        unsupported(gemma, None, None, rotating) or ""
-    )
-    assert unsupported(gemma, None, None, rotating, windows=True) is None
+    assert unsupported(gemma, mixed.parse(CASES["gemma3"][0])) is None
+    assert unsupported(gemma, rotating) is None  # a quantized ring (the server's, optiq's way)
     recurrent = mixed.parse([{"layer_idx": 0, "bits": 4}])  # lfm2's layer 0: conv state
-    why = unsupported(tiny_lm("lfm2"), None, None, recurrent, windows=True) or ""
+    why = unsupported(tiny_lm("lfm2"), recurrent) or ""
     assert "kv_config layer 0 (4-bit) cannot apply: the layer is a ArraysCache" in why
     cache = make_prompt_cache(gemma)
     gemma(mx.array([PROMPT]), cache=cache)

@@ -16,7 +16,6 @@ from mlx_lm.generate import generate_step
 
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
-from mlxd.kv.schemes import unsupported
 
 
 def _req(tok, n: int, **kw) -> GenerationRequest:
@@ -54,17 +53,6 @@ def test_the_engine_fails_a_rotating_layer_as_mlx_lm_does(engine_on) -> None:
     # A row that never reaches the start runs as in mlx-lm (which never converts it).
     _same_as_mlx_lm(model, _req(tok, 8, kv_bits=4, quantized_kv_start=5000), engine)
     _same_as_mlx_lm(model, _req(tok, 8), engine)  # and the engine still serves plain rows
-
-
-def test_unsupported_names_the_layer_and_where_its_window_comes_from(engine_on) -> None:
-    gemma, _, _ = engine_on("gemma3")
-    qwen, _, _ = engine_on("qwen3")
-    assert "cache layer 0: it is a rotating cache (window 16, from the model's sliding" in (
-        unsupported(gemma, 4) or ""
-    )
-    assert "from --max-kv-size" in (unsupported(qwen, 8, max_kv_size=64) or "")
-    assert unsupported(qwen, 8) is None and unsupported(gemma, None) is None
-    assert unsupported(gemma, 4, windows=True) is None  # quantized rings (the server's way)
 
 
 def test_recurrent_layers_keep_their_state_format(engine_on) -> None:

@@ -49,8 +49,8 @@ def test_json_schema_outputs_validate(client: openai.OpenAI, seed: int) -> None:
     jsonschema.validate(json.loads(choice.message.content), PERSON)
 
 
-def test_json_object_and_free_text_share_a_batch(client: openai.OpenAI) -> None:
-    """Concurrent constrained and free requests; the constrained ones still parse."""
+def test_json_schema_and_free_text_share_a_batch(client: openai.OpenAI) -> None:
+    """Concurrent constrained and free requests; the constrained ones still validate."""
     kinds = [{"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}, None] * 2
 
     def one(i: int, fmt: Any) -> Any:  # free rows stop early: they only need to share steps
@@ -61,6 +61,12 @@ def test_json_object_and_free_text_share_a_batch(client: openai.OpenAI) -> None:
     for fmt, out in zip(kinds, outs, strict=True):
         if fmt is not None:
             jsonschema.validate(json.loads(out.choices[0].message.content), PERSON)
+
+
+def test_vllm_structured_outputs_json_validates(client: openai.OpenAI) -> None:
+    out = _chat(client, 4, extra_body={"structured_outputs": {"json": PERSON}})
+    assert out.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(out.choices[0].message.content), PERSON)
 
 
 def test_responses_text_format_validates(client: openai.OpenAI) -> None:
