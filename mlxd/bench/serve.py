@@ -55,6 +55,7 @@ def bench_command(args: Any, model: Path) -> str:
     parts += [f"--system-tokens {args.system_tokens}", f"--rounds {args.rounds}"]
     parts += [f"--batch {args.batch}"] if args.batch_given else []
     parts += [f"--seed {args.seed}"] if args.seed else []
+    parts += [f"--warmup {args.warmup}"] if getattr(args, "warmup", 0) else []
     parts += [f"--only {args.only}"] if args.only else []
     for flag, value in (("--mlxd-args", args.mlxd_args), ("--mlx-lm-args", args.mlx_lm_args)):
         parts += [f"{flag} {shlex.quote(value)}"] if value else []
@@ -62,7 +63,7 @@ def bench_command(args: Any, model: Path) -> str:
 
 
 def run_side(
-    side: str, args: Any, model: Path, wls: dict[tuple[int, int], Workload], log_dir: Path
+    side: str, args: Any, model: Path, wls: dict[tuple[Any, int], Workload], log_dir: Path
 ) -> dict[str, Any]:
     extra = shlex.split(args.mlxd_args if side == "mlxd" else args.mlx_lm_args)
     cap = args.batch if side == "mlxd" else mlx_lm_cap(extra)
@@ -80,6 +81,8 @@ def run_side(
         sampler.start()
         out["idle_rss_gb"] = sampler.current / 1e9
         try:
+            if (w := wls.get(("warmup", 0))) is not None:  # untimed: JIT kernels, cuDNN graphs
+                out["warmup"] = run_one(srv, sampler, w, -1)["figures"]
             for n in args.agents:
                 out["runs"][str(n)] = [
                     run_one(srv, sampler, wls[n, r], r) for r in range(args.rounds)
@@ -139,6 +142,9 @@ def run_serve(args: Any) -> int:
         for n in args.agents
         for r in range(args.rounds)
     }
+    if getattr(args, "warmup", 0):
+        warm = build_workload(tok, args.warmup, 2, 32, args.system_tokens, f"{args.seed}:w", banned)
+        wls["warmup", 0] = warm
     sides = [s for s in SIDES if args.only in (None, LABEL[s])]
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mlxd-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)

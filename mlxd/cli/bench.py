@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from ..bench.models import SHAPES
+from ..model.folded_attention import MODES
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -37,6 +38,13 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill chunk"
+    )
+    g.add_argument(
+        "--batched-attention",
+        choices=MODES,
+        default="mlx",
+        help="mlxd's batched decode attention, as `mlxd serve --batched-attention` (folded "
+        "changes bits on CUDA: its token check is reported, not enforced)",
     )
 
 
@@ -108,6 +116,14 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
         "--system-tokens", type=int, default=3600, help="shared system prompt length (3600)"
     )
     w.add_argument("--rounds", type=int, default=1, help="runs per N, each with its own prompts")
+    w.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first an untimed fleet of N agents x 2 short turns on each server (MLX-CUDA "
+        "compiles kernels and cuDNN graphs on first use); 0: none",
+    )
     w.add_argument("--seed", type=int, default=0, help="seed of the prompt words")
     v = s.add_argument_group("servers")
     v.add_argument("--batch", type=int, default=None, help="mlxd --batch (default: max N)")

@@ -7,6 +7,7 @@ from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.utils import _parse_size
 
 from ..model.default import DEFAULT_MODEL_NAME
+from ..model.folded_attention import MODES
 from .generate import KV_CONFIG_FLAG, resolve_kv_config
 
 
@@ -113,6 +114,14 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill chunk"
+    )
+    g.add_argument(
+        "--batched-attention",
+        choices=MODES,
+        default="mlx",
+        help="attention of the batched decode step: mlx (MLX's, the same bits as mlx-lm) or "
+        "folded (no masked fallback: much faster on CUDA at long contexts, changes bits there; "
+        "llama, mistral, qwen2, qwen3; keep mlx on Metal)",
     )
     g.add_argument(
         "--max-queue",

@@ -13,6 +13,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import QuantizedKVCache
 
 from ..kv.batch_quantized import mergeable
+from ..model.folded_attention import folded
 from ..store.layers import clone
 from .batch_logits import BiasedGenerationBatch
 from .handle import RequestHandle
@@ -56,6 +57,7 @@ class BatchConfig:
     prefill_batch_size: int = 8
     prefill_step_size: int = 2048
     max_kv_size: int | None = None  # one size for every batched row (rotating caches)
+    attention: str = "mlx"  # "folded": model/folded_attention.py (opt-in, changes bits on CUDA)
 
 
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:
@@ -83,6 +85,8 @@ class BatchedRows:
     ) -> None:  # fmt: skip
         self.sharing = sharing
         self.fmt = fmt  # the KV format of every row's caches (None: unquantized)
+        if config.attention == "folded":
+            model = folded(model)
         self.gen = BatchGenerator(
             model,
             completion_batch_size=config.completion_batch_size,

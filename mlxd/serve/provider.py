@@ -22,6 +22,7 @@ from ..kv import mixed
 from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
 from ..model.default import DEFAULT_MODEL_NAME
+from ..model.folded_attention import unsupported as unfoldable
 from ..model.resolve import resolve_model
 from .budget import kv_budget_from
 from .store import make_store
@@ -89,6 +90,8 @@ class ModelProvider:
         # a layer that holds no keys and values is refused.
         if (why := unsupported(model, kv_config, window)) is not None:
             raise ModelLoadError(f"{folder}: {why}")
+        if a.batched_attention == "folded" and (why := unfoldable(model)) is not None:
+            raise ModelLoadError(f"{folder}: {why}")
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         kv_budget = kv_budget_from(a, weights)
         store, namespace = make_store(a, folder, adapter, kv_budget)
@@ -100,7 +103,10 @@ class ModelProvider:
             tokenizer=tokenizer,
             kv_budget=kv_budget,
             batch_config=BatchConfig(
-                a.batch, min(a.batch, a.prompt_concurrency), a.prefill_step_size
+                a.batch,
+                min(a.batch, a.prompt_concurrency),
+                a.prefill_step_size,
+                attention=a.batched_attention,
             ),
             prefix_store=store,
             namespace=namespace,

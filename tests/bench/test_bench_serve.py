@@ -20,14 +20,19 @@ def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[...,
     argv = ["bench", "serve", "--model", str(tiny_model("qwen3")), "--agents", "1,2"]
     argv += ["--turns", str(TURNS), "--max-tokens", str(MAX_TOKENS), "--system-tokens", "200"]
     argv += ["--json", str(out), "--markdown", str(md), "--plot", str(png)]
+    argv += ["--warmup", "1", "--mlxd-args", "--batched-attention folded"]
     main([*argv, "--log-dir", str(tmp_path / "logs")])  # returns normally: no failed request
     result = json.loads(out.read_text())
     assert set(result["sides"]) == {"mlx_lm", "mlxd"}
+    assert "--batched-attention" in result["sides"]["mlxd"]["command"]
+    assert "--warmup 1" in result["command"]
     # <|im_end|> is the tiny model's EOS; the other added tokens are control markers.
     assert 151645 in result["eos_ids"] and 151645 in result["banned_token_ids"]
     for side, data in result["sides"].items():
         assert data["ready_s"] > 0 and data["idle_rss_gb"] > 0.01
         assert data["cap"] == (2 if side == "mlxd" else 32)
+        # The untimed warm-up: 1 agent x 2 short turns, outside every N's figures.
+        assert data["warmup"]["requests"] == 2 and data["warmup"]["output_tokens"] == 64
         for n in AGENTS:
             (run,) = data["runs"][str(n)]
             fig, reqs = run["figures"], run["requests"]

@@ -1,0 +1,123 @@
+"""`--batched-attention folded` (mlxd/model/folded_attention.py): the batched decode step's
+attention as two matmuls with each KV head's query group folded into the rows.
+
+On the CPU, MLX's masked attention is its fallback formula, so folded attention must equal it
+bit for bit there; on CUDA the two differ in rounding (docs/performance.md), which is why the
+mode is opt-in."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from fixtures.batch_oracle import batch_generator_outputs
+from mlx_lm.models import qwen2
+from mlx_lm.models.cache import BatchKVCache
+
+from mlxd.engine.batch import BatchConfig
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+from mlxd.model import folded_attention as fa
+
+PROMPTS = [[5, 9, 13, 2, 77, 31, 8], [101, 4], [7, 7, 300, 12, 9, 44, 61, 5, 90, 3, 18]]
+
+
+def _load(tiny_model: Callable[..., Path], arch: str):
+    from mlx_lm import load
+
+    return load(str(tiny_model(arch)))[0]
+
+
+def _qwen2():
+    args = qwen2.ModelArgs(
+        model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+        num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=512,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    mx.random.seed(3)
+    model = qwen2.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture(params=["llama", "qwen3", "qwen2"])
+def model(request, tiny_model):
+    return _qwen2() if request.param == "qwen2" else _load(tiny_model, request.param)
+
+
+@pytest.fixture
+def calls(monkeypatch) -> list[int]:
+    """Counts the folded attention calls (so a test sees the folded path ran, not the inner)."""
+    seen: list[int] = []
+    real = fa.attention
+
+    def spy(*a):
+        seen.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(fa, "attention", spy)
+    return seen
+
+
+def _decode(model, steps: int, pads: list[int]) -> mx.array:
+    """Left-padded prefill of 3 rows, then greedy one-token steps; every step's logits."""
+    tokens = mx.array([[0] * p + PROMPTS[2][: 11 - p] for p in pads])
+    caches = [BatchKVCache(pads) for _ in model.layers]
+    logits = [model(tokens, cache=caches)[:, -1, :]]
+    for _ in range(steps):
+        nxt = mx.argmax(logits[-1], axis=-1, keepdims=True)
+        logits.append(model(nxt, cache=caches)[:, -1, :])
+    return mx.stack(logits)
+
+
+def test_shadow_model_equals_the_model_bit_for_bit_and_leaves_it_unchanged(model, calls) -> None:
+    shadow = fa.folded(model)
+    expected = _decode(model, 10, [0, 4, 9])
+    assert calls == []  # the caller's model kept its own attention
+    got = _decode(shadow, 10, [0, 4, 9])
+    assert mx.array_equal(got, expected).item()
+    assert len(calls) == 10 * len(model.layers)  # every decode step, every layer, folded
+    inner = shadow.model.layers[0].self_attn.inner
+    assert inner is model.model.layers[0].self_attn  # weights shared, not copied
+    assert type(model.model.layers[0].self_attn).__name__ == "Attention"
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("boolean", [True, False])
+def test_formula_equals_mlx_masked_attention_on_cpu(groups: int, boolean: bool) -> None:
+    mx.random.seed(11)
+    B, kv, L, D = 3, 2, 37, 64
+    q = mx.random.normal((B, kv * groups, 1, D)).astype(mx.bfloat16)
+    k, v = (mx.random.normal((B, kv, L, D)).astype(mx.bfloat16) for _ in range(2))
+    mask = (mx.arange(L)[None] >= mx.array([0, 5, 30])[:, None]).reshape(B, 1, 1, L)
+    if not boolean:
+        mask = mx.where(mask, 0.0, -1e4).astype(mx.bfloat16)
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask)
+    got = fa.attention(q, k, v, D**-0.5, mask)
+    assert got.shape == ref.shape
+    assert mx.array_equal(got, ref).item()
+    unmasked = fa.attention(q, k, v, D**-0.5, mx.ones_like(mask) if boolean else 0 * mask)
+    assert not mx.array_equal(unmasked, ref).item()  # the mask is applied
+
+
+def test_engine_with_folded_attention_equals_batch_generator_on_cpu(tiny_model, calls) -> None:
+    model = _load(tiny_model, "qwen3")
+    expected = batch_generator_outputs(model, PROMPTS, 12, frozenset())
+    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, attention="folded"))
+    try:
+        reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=12) for p in PROMPTS]
+        for handle, ref in zip(engine.submit_many(reqs), expected, strict=True):
+            got = [(e.token, e.logprobs) for e in handle]
+            assert [t for t, _ in got] == [t for t, _ in ref]
+            assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(got, ref, strict=True))
+    finally:
+        engine.close()
+    assert calls  # the batched decode went through folded attention
+
+
+def test_an_architecture_it_does_not_know_is_refused_by_name(tiny_model) -> None:
+    model = _load(tiny_model, "gemma3")
+    with pytest.raises(ValueError, match="'gemma3_text'"):
+        fa.folded(model)
+    with pytest.raises(ValueError, match="folded supports llama, mistral, qwen2, qwen3"):
+        Engine(model, batch_config=BatchConfig(8, 8, 2048, attention="folded"))
