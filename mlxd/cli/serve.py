@@ -121,7 +121,7 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         default="mlx",
         help="attention of the batched decode step: mlx (MLX's, the same bits as mlx-lm) or "
         "folded (no masked fallback: much faster on CUDA at long contexts, changes bits there; "
-        "llama, mistral, qwen2, qwen3; keep mlx on Metal)",
+        "llama, mistral, qwen2, qwen3, qwen3_moe; keep mlx on Metal)",
     )
     g.add_argument(
         "--max-queue",

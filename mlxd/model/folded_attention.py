@@ -19,7 +19,7 @@ import mlx.nn as nn
 
 # Architectures whose attention is the standard q/k/v projection, optional q/k RMSNorm, RoPE at
 # the cache offset, cache update, attention, o_proj (tests/model/test_folded_attention.py).
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 MODES = ("mlx", "folded")
 
 

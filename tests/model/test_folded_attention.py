@@ -40,7 +40,7 @@ def _qwen2():
     return model
 
 
-@pytest.fixture(params=["llama", "qwen3", "qwen2"])
+@pytest.fixture(params=["llama", "qwen3", "qwen3_moe", "qwen2"])
 def model(request, tiny_model):
     return _qwen2() if request.param == "qwen2" else _load(tiny_model, request.param)
 
@@ -119,5 +119,66 @@ def test_an_architecture_it_does_not_know_is_refused_by_name(tiny_model) -> None
     model = _load(tiny_model, "gemma3")
     with pytest.raises(ValueError, match="'gemma3_text'"):
         fa.folded(model)
-    with pytest.raises(ValueError, match="folded supports llama, mistral, qwen2, qwen3"):
+    with pytest.raises(
+        ValueError, match="folded supports llama, mistral, qwen2, qwen3, qwen3_moe;"
+    ):
         Engine(model, batch_config=BatchConfig(8, 8, 2048, attention="folded"))
+
+
+def _serve_args(model: Path, data: Path, *flags: str):
+    from mlxd.cli import build_parser
+
+    return build_parser().parse_args(
+        ["serve", "--model", str(model), "--data-dir", str(data), *flags]
+    )
+
+
+def test_a_server_with_folded_attention_answers_as_without_it_on_cpu(
+    tiny_model, tmp_path, calls
+) -> None:
+    """`mlxd serve --batched-attention folded`: concurrent requests (batched) get the same text
+    as the default server; on the CPU the two attentions are bit-equal."""
+    import asyncio
+
+    import httpx
+
+    from mlxd.serve.app import build_app
+    from mlxd.serve.main import make_state
+
+    prompts = ["Tell me a story", "The sea is", "One two three four five six seven"]
+
+    def answers(*flags: str) -> list[str]:
+        state = make_state(_serve_args(tiny_model("qwen3"), tmp_path / flags[-1], *flags))
+        transport = httpx.ASGITransport(app=build_app(state))
+
+        async def post_all() -> list[httpx.Response]:
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                bodies = [{"prompt": p, "max_tokens": 16, "temperature": 0} for p in prompts]
+                return await asyncio.gather(
+                    *(client.post("/v1/completions", json=b) for b in bodies)
+                )
+
+        try:
+            responses = asyncio.run(post_all())
+            paths = state.provider.default.engine.stats()["paths"]
+        finally:
+            state.provider.close()
+        assert all(r.status_code == 200 for r in responses)
+        assert paths.get("batched", 0) >= 2  # the rows shared the batched step
+        return [r.json()["choices"][0]["text"] for r in responses]
+
+    folded = answers("--batched-attention", "folded")
+    assert (n := len(calls)) > 0  # the server's batched steps went through folded attention
+    assert folded == answers("--batched-attention", "mlx")
+    assert len(calls) == n  # and the default server's did not
+
+
+def test_a_server_refuses_folded_attention_for_an_unknown_architecture(
+    tiny_model, tmp_path
+) -> None:
+    from mlxd.model import ModelLoadError
+    from mlxd.serve.main import make_state
+
+    args = _serve_args(tiny_model("gemma3"), tmp_path, "--batched-attention", "folded")
+    with pytest.raises(ModelLoadError, match="this model is 'gemma3_text'"):
+        make_state(args)
