@@ -1,0 +1,97 @@
+"""Where a batched decode step's time goes: MLX's masked attention against the fused kernel
+without a mask and against folded attention (mlxd/model/folded_attention.py), then whole steps of
+a random model with BatchKVCache filled to a context (docs/performance.md, §1).
+
+    python -m mlxd.bench.probe_attention --shape qwen3-8b --rows 1 8 32 --contexts 512 4096
+"""
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache
+
+from ..model.folded_attention import attention as folded_attention
+from .models import SHAPES, build_random
+
+
+def timed(fn: Callable[[], object], n: int = 6) -> float:
+    """Median ms of n synchronized runs after 2 untimed ones."""
+    ts = []
+    for _ in range(n + 2):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        mx.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(ts[2:])
+
+
+def attention_row(B: int, L: int, heads: int, kv: int, D: int, layers: int) -> str:
+    cap = (L // 256 + 1) * 256  # a 256-step cache buffer, sliced to L as mlx-lm does
+    kb, vb = (mx.random.normal((B, kv, cap, D)).astype(mx.bfloat16) for _ in range(2))
+    q = mx.random.normal((B, heads, 1, D)).astype(mx.bfloat16)
+    k, v = kb[..., :L, :], vb[..., :L, :]
+    pad = mx.array([(i * 37) % min(300, L) for i in range(B)])
+    mask = (mx.arange(L)[None] >= pad[:, None]).reshape(B, 1, 1, L)
+    mx.eval(kb, vb, q, mask)
+    s = D**-0.5
+    sdpa = mx.fast.scaled_dot_product_attention
+    masked = timed(lambda: [sdpa(q, k, v, scale=s, mask=mask) for _ in range(layers)])
+    fused = timed(lambda: [sdpa(q, k, v, scale=s) for _ in range(layers)])
+    folded = timed(lambda: [folded_attention(q, k, v, s, mask) for _ in range(layers)])
+    same = mx.array_equal(sdpa(q, k, v, scale=s, mask=mask), folded_attention(q, k, v, s, mask))
+    return (
+        f"B={B:2d} L={L:5d} {layers} layers: masked (MLX) {masked:7.2f} ms | no mask {fused:7.2f}"
+        f" | folded {folded:7.2f} (bit-equal to masked: {same.item()})"
+    )
+
+
+def step_row(model, B: int, L: int, kv: int, D: int) -> str:
+    """One decode step over BatchKVCache layers holding L random tokens (left padding varied)."""
+    caches = []
+    for _ in model.layers:
+        c = BatchKVCache([(i * 37) % min(300, L) for i in range(B)])
+        n = (L // 256 + 1) * 256
+        c.keys, c.values = (mx.random.normal((B, kv, n, D)).astype(mx.bfloat16) for _ in range(2))
+        c._idx, c.offset = L, c.offset + L
+        caches.append(c)
+    mx.eval([c.keys for c in caches], [c.values for c in caches])
+    tokens = mx.zeros((B, 1), mx.int32)
+
+    def step():
+        out = model(tokens, cache=caches)
+        for c in caches:  # stay at L
+            c._idx, c.offset = c._idx - 1, c.offset - 1
+        return out
+
+    t = timed(step, 8)
+    return f"B={B:2d} L={L:5d} whole step {t:7.2f} ms ({B / t * 1000:7.1f} tok/s)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
+    p.add_argument("--no-steps", action="store_true", help="attention only, no model")
+    args = p.parse_args(argv)
+    cfg = SHAPES[args.shape]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    D, layers = cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["num_hidden_layers"]
+    for B in args.rows:
+        for L in args.contexts:
+            print(attention_row(B, L, heads, kv, D, layers), flush=True)
+    if args.no_steps:
+        return
+    model = build_random(args.shape, "bfloat16", 0).model
+    for B in args.rows:
+        for L in args.contexts:
+            print(step_row(model, B, L, kv, D), flush=True)
+            mx.clear_cache()
+
+
+if __name__ == "__main__":
+    main()

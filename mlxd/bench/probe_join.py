@@ -1,0 +1,92 @@
+"""The engine turn in which several agents' next turns join a batch, timed part by part: each
+row brings restored caches (its cached context) and new tokens. docs/performance.md (TTFT).
+
+    python -m mlxd.bench.probe_join --shape qwen3-0.6b --rows 8 --cached 3660 --new 300
+
+Per repeat (new lengths, other new lengths, then the same lengths again): the merge of the
+restored caches, the right-padded prefill forward and its eval, `mx.clear_cache()`, `finalize`
+(the roll) and its eval, the first decode step, and mlx-lm's BatchGenerator doing all of it
+(insert_segments + next) end to end.
+"""
+
+import argparse
+import random
+import time
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, _merge_caches, _right_pad_prompts
+from mlx_lm.models.cache import make_prompt_cache
+
+from .models import SHAPES, build_random
+
+
+def _ms(t0: float) -> float:
+    mx.synchronize()
+    return 1000 * (time.perf_counter() - t0)
+
+
+def _restored(model, n: int, rng: random.Random) -> list:
+    """A row's caches as the prefix store hands them over: n tokens of real prefill."""
+    cache = make_prompt_cache(model)
+    model(mx.array([[rng.randrange(10, 1000) for _ in range(n)]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def join_once(model, rows: int, cached: int, new: int, jitter: int, seed: int) -> dict[str, float]:
+    rng = random.Random(seed)
+    lens = [cached + (i * jitter) % 13 for i in range(rows)]
+    feeds = [[rng.randrange(10, 1000) for _ in range(new + (i * jitter) % 11)] for i in range(rows)]
+    out: dict[str, float] = {}
+    caches = [_restored(model, n, rng) for n in lens]
+    t = time.perf_counter()
+    batch = _merge_caches(caches)
+    mx.eval([c.state for c in batch])
+    out["merge"] = _ms(t)
+    lengths = [len(f) for f in feeds]
+    longest = max(lengths)
+    t = time.perf_counter()
+    tokens = _right_pad_prompts(feeds, max_length=longest)
+    for c in batch:
+        c.prepare(lengths=lengths, right_padding=[longest - n for n in lengths])
+    model(tokens, cache=batch)
+    mx.eval([c.state for c in batch])
+    out["prefill"] = _ms(t)
+    t = time.perf_counter()
+    mx.clear_cache()
+    out["clear_cache"] = _ms(t)
+    t = time.perf_counter()
+    for c in batch:
+        c.finalize()
+    mx.eval([c.state for c in batch])
+    out["finalize"] = _ms(t)
+    t = time.perf_counter()
+    mx.eval(model(mx.array([[1]] * rows), cache=batch))
+    out["decode_step"] = _ms(t)
+    caches = [_restored(model, n, rng) for n in lens]
+    gen = BatchGenerator(model, completion_batch_size=max(rows, 8), prefill_batch_size=rows)
+    mx.synchronize()
+    t = time.perf_counter()
+    gen.insert_segments([[f] for f in feeds], max_tokens=[4] * rows, caches=caches)
+    gen.next()
+    out["batch_generator"] = _ms(t)
+    gen.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--cached", type=int, default=3660, help="restored tokens per row")
+    p.add_argument("--new", type=int, default=300, help="new tokens per row")
+    args = p.parse_args(argv)
+    model = build_random(args.shape, "bfloat16", 0).model
+    for rep, jitter in enumerate([3, 7, 7]):
+        parts = join_once(model, args.rows, args.cached, args.new, jitter, seed=jitter)
+        line = " | ".join(f"{k} {v:.1f} ms" for k, v in parts.items())
+        print(f"repeat {rep}: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

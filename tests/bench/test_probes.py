@@ -1,0 +1,27 @@
+"""The device probes behind docs/performance.md run end to end (tiny shapes, CPU). On the CPU
+MLX's masked attention is the fallback formula, so folded attention must report bit-equal."""
+
+import re
+
+from mlxd.bench import probe_attention, probe_join
+
+
+def test_probe_attention_prints_each_variant_and_whole_steps(capsys) -> None:
+    probe_attention.main(["--shape", "qwen3-host", "--rows", "2", "--contexts", "64"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert re.search(r"masked \(MLX\) +[\d.]+ ms \| no mask +[\d.]+ \| folded +[\d.]+", lines[0])
+    assert "bit-equal to masked: True" in lines[0]
+    assert re.search(r"B= 2 L=   64 whole step +[\d.]+ ms", lines[1])
+
+
+def test_probe_join_times_every_part_three_times(capsys) -> None:
+    probe_join.main(["--shape", "qwen3-host", "--rows", "3", "--cached", "40", "--new", "8"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["repeat 0", "repeat 1", "repeat 2"]
+    for line in lines:
+        parts = dict(re.findall(r"(\w+) ([\d.]+) ms", line))
+        assert set(parts) == {
+            "merge", "prefill", "clear_cache", "finalize", "decode_step", "batch_generator"
+        }  # fmt: skip
+        assert all(float(v) >= 0 for v in parts.values())
