@@ -6,7 +6,7 @@ row brings restored caches (its cached context) and new tokens. docs/performance
 Per repeat (new lengths, other new lengths, then the same lengths again): the merge of the
 restored caches, the right-padded prefill forward and its eval, `mx.clear_cache()`, `finalize`
 (the roll) and its eval, the first decode step, and mlx-lm's BatchGenerator doing all of it
-(insert_segments + next) end to end.
+(insert_segments + next) end to end, with mlx-lm's row caches and with mlxd's (kv/batch_roll.py).
 """
 
 import argparse
@@ -17,6 +17,8 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, _merge_caches, _right_pad_prompts
 from mlx_lm.models.cache import make_prompt_cache
 
+from ..kv.batch_quantized import mergeable
+from ..kv.batch_roll import roll_rows
 from .models import SHAPES, build_random
 
 
@@ -55,11 +57,24 @@ def join_once(model, rows: int, cached: int, new: int, jitter: int, seed: int) -
     t = time.perf_counter()
     mx.clear_cache()
     out["clear_cache"] = _ms(t)
+    shifts = batch[0]._right_padding.tolist() if batch[0]._right_padding is not None else None
+    before = [(c.keys, c.values) for c in batch]
     t = time.perf_counter()
     for c in batch:
         c.finalize()
     mx.eval([c.state for c in batch])
     out["finalize"] = _ms(t)
+    if shifts is not None:  # mlxd's roll (kv/batch_roll.py) on the same arrays, checked equal
+        t = time.perf_counter()
+        rolled = [(roll_rows(k, shifts), roll_rows(v, shifts)) for k, v in before]
+        mx.eval(rolled)
+        out["finalize_by_slices"] = _ms(t)
+        same = all(
+            mx.array_equal(a, c.keys).item() and mx.array_equal(b, c.values).item()
+            for (a, b), c in zip(rolled, batch, strict=True)
+        )
+        out["finalize_by_slices_equal"] = float(same)
+        del before, rolled
     t = time.perf_counter()
     mx.eval(model(mx.array([[1]] * rows), cache=batch))
     out["decode_step"] = _ms(t)
@@ -70,6 +85,14 @@ def join_once(model, rows: int, cached: int, new: int, jitter: int, seed: int) -
     gen.insert_segments([[f] for f in feeds], max_tokens=[4] * rows, caches=caches)
     gen.next()
     out["batch_generator"] = _ms(t)
+    gen.close()
+    caches = [mergeable(_restored(model, n, rng)) for n in lens]  # as mlxd hands them over
+    gen = BatchGenerator(model, completion_batch_size=max(rows, 8), prefill_batch_size=rows)
+    mx.synchronize()
+    t = time.perf_counter()
+    gen.insert_segments([[f] for f in feeds], max_tokens=[4] * rows, caches=caches)
+    gen.next()
+    out["batch_generator_mlxd_caches"] = _ms(t)
     gen.close()
     return out
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import QuantizedKVCache
+from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 from ..kv.batch_quantized import mergeable
 from ..model.folded_attention import folded
@@ -115,12 +115,16 @@ class BatchedRows:
         segments = [
             self._segments(r, p, h) for r, p, h in zip(rows, prompts, histories, strict=True)
         ]
-        if caches and any(c is not None for c in caches):
-            caches = [mergeable(c) if c is not None else None for c in caches]
+        # A fresh row gets the cache BatchGenerator would make, as mergeable layers.
+        gen = self.gen
+        caches = [
+            mergeable(c if c is not None else make_prompt_cache(gen.model, gen.max_kv_size))
+            for c in caches or [None] * len(rows)
+        ]
         uids = self.gen.insert_segments(
             segments,
             max_tokens=[r.req.max_tokens - len(r.generated) for r in rows],
-            caches=caches if caches and any(c is not None for c in caches) else None,
+            caches=caches,
             all_tokens=histories,
             samplers=[r.sampler() for r in rows],
             logits_processors=[

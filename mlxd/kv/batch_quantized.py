@@ -16,8 +16,9 @@ from mlx_lm.models.cache import (
     QuantizedKVCache,
     _BaseCache,
     create_causal_mask,
-    dynamic_roll,
 )
+
+from .batch_roll import roll_rows, rolling
 
 Quant = tuple[mx.array, mx.array, mx.array]  # packed uint32, scales, biases: [B, H, S, *]
 
@@ -99,7 +100,8 @@ class BatchQuantizedKVCache(_BaseCache):
     def finalize(self) -> None:
         if self._right_padding is not None and self.keys is not None and self.values is not None:
             pad = self._right_padding
-            roll = lambda x: dynamic_roll(x, pad[:, None], axis=2)  # noqa: E731
+            shifts = pad.tolist()
+            roll = lambda x: roll_rows(x, shifts)  # noqa: E731
             self.keys, self.values = _map(roll, self.keys), _map(roll, self.values)
             self.offset = self.offset - pad
             self.left_padding += pad
@@ -237,15 +239,16 @@ class RowQuantizedKVCache(QuantizedKVCache):
 
 
 def mergeable(cache: list[Any]) -> list[Any]:
-    """A row's cache list with its QuantizedKVCache layers as RowQuantizedKVCache (the same
-    arrays, not copied), so mlx-lm's `_merge_caches` can batch them."""
+    """A row's cache list with its QuantizedKVCache layers as RowQuantizedKVCache (so mlx-lm's
+    `_merge_caches` can batch them) and its KVCache layers as RowKVCache (kv/batch_roll.py),
+    holding the same arrays, not copies."""
     out = []
     for c in cache:
         if type(c) is QuantizedKVCache:
             row = RowQuantizedKVCache(group_size=c.group_size, bits=c.bits)
             row.keys, row.values, row.offset = c.keys, c.values, c.offset
             c = row
-        out.append(c)
+        out.append(rolling(c))
     return out
 
 

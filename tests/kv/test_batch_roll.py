@@ -1,0 +1,88 @@
+"""RollingBatchKVCache (mlxd/kv/batch_roll.py): its `finalize` rolls rows by slicing and must
+leave exactly the arrays mlx-lm's BatchKVCache leaves (oracle: BatchKVCache and `dynamic_roll`
+run in the same test), and the engine's batched prefill must take it."""
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll
+
+from mlxd.kv.batch_roll import RollingBatchKVCache, RowKVCache, roll_rows, rolling
+
+H, D = 2, 8
+
+
+def _kv(n: int, key: int) -> tuple[mx.array, mx.array]:
+    k = mx.random.normal((1, H, n, D), key=mx.random.key(key)).astype(mx.bfloat16)
+    v = mx.random.normal((1, H, n, D), key=mx.random.key(key + 99)).astype(mx.bfloat16)
+    return k, v
+
+
+@pytest.mark.parametrize("shifts", [[0, 1, 5], [7, 0, 0], [11, 12, 30], [0, 0, 0]])
+def test_roll_rows_equals_dynamic_roll(shifts: list[int]) -> None:
+    x = mx.random.normal((3, H, 12, D), key=mx.random.key(3))
+    want = dynamic_roll(x, mx.array(shifts)[:, None], axis=2)
+    assert mx.array_equal(roll_rows(x, shifts), want).item()
+
+
+def _row(n: int, key: int, cls: type) -> KVCache:
+    c = cls()
+    if n:
+        c.update_and_fetch(*_kv(n, key))
+    return c
+
+
+@pytest.mark.parametrize("cached", [[5, 0, 9], [0, 0, 0], [3, 3, 3]])
+def test_right_padded_prefill_and_finalize_leave_mlx_lm_s_arrays(cached: list[int]) -> None:
+    new = [4, 7, 1]  # right padding 3, 0, 6
+    batches = []
+    for cls in (KVCache, RowKVCache):
+        b = cls.merge([_row(n, 10 * i, cls) for i, n in enumerate(cached)])
+        lengths, longest = new, max(new)
+        b.prepare(lengths=lengths, right_padding=[longest - n for n in lengths])
+        feed = [_kv(longest, 50 + i) for i in range(len(new))]
+        b.update_and_fetch(*(mx.concatenate([f[j] for f in feed]) for j in range(2)))
+        b.finalize()
+        step = mx.random.normal((len(new), H, 1, D), key=mx.random.key(77)).astype(mx.bfloat16)
+        b.update_and_fetch(step, step)  # a decode step after the roll
+        batches.append(b)
+    want, got = batches
+    assert type(want) is BatchKVCache and type(got) is RollingBatchKVCache
+    for name in ("keys", "values", "offset", "left_padding"):
+        assert mx.array_equal(getattr(got, name), getattr(want, name)).item(), name
+    assert got._idx == want._idx and got._right_padding is None
+
+
+def test_rolling_converts_plain_kv_layers_only() -> None:
+    plain = _row(4, 1, KVCache)
+    row = rolling(plain)
+    assert type(row) is RowKVCache and row.keys is plain.keys and row.offset == 4
+    other = object()
+    assert rolling(other) is other
+
+
+def test_engine_batched_prefill_finalizes_through_rolling_caches(tiny_model, monkeypatch) -> None:
+    """Rows of different lengths admitted together: the prompt batch is a RollingBatchKVCache
+    (tests/engine/test_batching.py checks those rows' tokens against BatchGenerator)."""
+    from mlx_lm import load
+
+    from mlxd.engine.engine import Engine
+    from mlxd.engine.request import GenerationRequest
+
+    calls = []
+    original = RollingBatchKVCache.finalize
+
+    def spy(self: RollingBatchKVCache) -> None:
+        calls.append(self._right_padding is not None)
+        original(self)
+
+    monkeypatch.setattr(RollingBatchKVCache, "finalize", spy)
+    model, tok = load(str(tiny_model("qwen3")))
+    engine = Engine(model)
+    try:
+        prompts = [tok.encode(t) for t in ("a b c d e f g", "hello", "one two three")]
+        reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=3) for p in prompts]
+        for handle in engine.submit_many(reqs):
+            assert len([e for e in handle]) == 3
+    finally:
+        engine.close()
+    assert calls and all(calls)
