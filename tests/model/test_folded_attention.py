@@ -82,6 +82,49 @@ def test_shadow_model_equals_the_model_bit_for_bit_and_leaves_it_unchanged(model
     assert type(model.model.layers[0].self_attn).__name__ == "Attention"
 
 
+def _decode_poisoned(model, steps: int, pads: list[int], poison: float | None) -> mx.array:
+    """`_decode`, with every cache buffer's positions past the written keys set to `poison`
+    before each step (what an aligned read takes in beyond the row's keys)."""
+    tokens = mx.array([[0] * p + PROMPTS[2][: 11 - p] for p in pads])
+    caches = [BatchKVCache(pads) for _ in model.layers]
+    logits = [model(tokens, cache=caches)[:, -1, :]]
+    for _ in range(steps):
+        if poison is not None:
+            for c in caches:
+                past = (mx.arange(c.keys.shape[2]) >= c._idx)[None, None, :, None]
+                c.keys = mx.where(past, mx.array(poison, c.keys.dtype), c.keys)
+                c.values = mx.where(past, mx.array(poison, c.values.dtype), c.values)
+        nxt = mx.argmax(logits[-1], axis=-1, keepdims=True)
+        logits.append(model(nxt, cache=caches)[:, -1, :])
+    return mx.stack(logits)
+
+
+def test_aligned_keys_are_masked_out_exactly(model, monkeypatch) -> None:
+    """On CUDA the keys are padded to a multiple of 8 from the cache buffer (key_alignment).
+    The extra positions get weight 0: the output does not depend on what the buffer holds
+    there (bit for bit), and it stays the unaligned attention up to rounding."""
+    lengths: list[int] = []
+    real = fa.attention
+
+    def spy(q, k, v, scale, mask):
+        lengths.append(k.shape[2])
+        return real(q, k, v, scale, mask)
+
+    monkeypatch.setattr(fa, "attention", spy)
+    aligned = fa.folded(model, align=8)
+    clean = _decode_poisoned(aligned, 6, [0, 4, 9], None)
+    assert lengths and all(n % 8 == 0 for n in lengths)  # 12..17 keys read as 16 or 24
+    poisoned = _decode_poisoned(aligned, 6, [0, 4, 9], 1000.0)
+    assert mx.array_equal(clean, poisoned).item()
+    plain = _decode_poisoned(fa.folded(model, align=1), 6, [0, 4, 9], 1000.0)
+    assert mx.allclose(clean, plain, atol=1e-2, rtol=1e-2).item()
+    assert mx.array_equal(mx.argmax(clean, -1), mx.argmax(plain, -1)).item()
+
+
+def test_key_alignment_is_off_on_the_cpu() -> None:
+    assert fa.key_alignment() == (8 if mx.cuda.is_available() else 1)
+
+
 @pytest.mark.parametrize("groups", [1, 4])
 @pytest.mark.parametrize("boolean", [True, False])
 def test_formula_equals_mlx_masked_attention_on_cpu(groups: int, boolean: bool) -> None:
