@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     model = build_random(args.shape, "bfloat16", 0).model
     for rep, jitter in enumerate([3, 7, 7]):
         parts = join_once(model, args.rows, args.cached, args.new, jitter, seed=jitter)
-        line = " | ".join(f"{k} {v:.1f} ms" for k, v in parts.items())
+        line = " | ".join(
+            f"{k} {bool(v)}" if k.endswith("_equal") else f"{k} {v:.1f} ms"
+            for k, v in parts.items()
+        )
         print(f"repeat {rep}: {line}", flush=True)
 
 

@@ -3,7 +3,7 @@ MLX's masked attention is the fallback formula, so folded attention must report 
 
 import re
 
-from mlxd.bench import probe_attention, probe_join
+from mlxd.bench import probe_attention, probe_join, probe_matmul
 
 
 def test_probe_attention_prints_each_variant_and_whole_steps(capsys) -> None:
@@ -22,6 +22,17 @@ def test_probe_join_times_every_part_three_times(capsys) -> None:
     for line in lines:
         parts = dict(re.findall(r"(\w+) ([\d.]+) ms", line))
         assert set(parts) == {
-            "merge", "prefill", "clear_cache", "finalize", "decode_step", "batch_generator"
+            "merge", "prefill", "clear_cache", "finalize", "finalize_by_slices", "decode_step",
+            "batch_generator", "batch_generator_mlxd_caches",
         }  # fmt: skip
         assert all(float(v) >= 0 for v in parts.values())
+        assert "finalize_by_slices_equal True" in line  # mlxd's roll left mlx-lm's arrays
+
+
+def test_probe_matmul_prints_each_shape_and_whole_steps(capsys) -> None:
+    probe_matmul.main(["--shape", "qwen3-host", "--rows", "1", "2", "--contexts", "64"])
+    lines = capsys.readouterr().out.splitlines()
+    sweep = [line for line in lines if re.match(r"\S+ +N= *\d+ K= *\d+ M= [12]: +[\d.]+ ms", line)]
+    assert len(sweep) == 5 * 2  # q, k/v, o, gate/up, down at 1 and 2 rows
+    steps = [line for line in lines if "whole step" in line]
+    assert len(steps) == 2 and all(line.count("whole step") == 2 for line in steps)
