@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from mlxd.serve.anthropic_convert import (
-    convert_messages,
     convert_request,
     convert_tools,
     read_params,
     thinking_args,
     tool_choice_tools,
 )
+from mlxd.serve.anthropic_messages import convert_messages
 from mlxd.serve.anthropic_stream import Blocks, StopWords, events, fold
 from mlxd.serve.errors import APIError
 from mlxd.serve.generation import Chunk, TokenInfo, Usage, text_machine
