@@ -3,7 +3,7 @@ MLX's masked attention is the fallback formula, so folded attention must report 
 
 import re
 
-from mlxd.bench import probe_attention, probe_join, probe_matmul
+from mlxd.bench import probe_attention, probe_graphs, probe_join, probe_matmul
 
 
 def test_probe_attention_prints_each_variant_and_whole_steps(capsys) -> None:
@@ -36,3 +36,12 @@ def test_probe_matmul_prints_each_shape_and_whole_steps(capsys) -> None:
     assert len(sweep) == 5 * 2  # q, k/v, o, gate/up, down at 1 and 2 rows
     steps = [line for line in lines if "whole step" in line]
     assert len(steps) == 2 and all(line.count("whole step") == 2 for line in steps)
+
+
+def test_probe_graphs_times_each_variant_per_row_count(capsys) -> None:
+    probe_graphs.main(["--shape", "qwen3-host", "--rows", "2", "--context", "40", "--steps", "8"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    cell = r" +[\d.]+"
+    want = rf"B= 2 L=   40\+8: mlx{cell} \| folded/8{cell} \| folded/256{cell} ms/step"
+    assert re.search(want, lines[0])
