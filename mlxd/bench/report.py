@@ -116,6 +116,29 @@ def section(title: str, summary: dict[str, Any], metrics: list[tuple]) -> str:
     return _table(header, rows)
 
 
+def pooled_steps(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Every inter-token step of every round, pooled per side: p10 / p25 / p50 in ms. Per-round
+    medians swing with the host's load; the pooled low percentiles show the step itself."""
+    out: dict[str, dict[str, float]] = {}
+    for side in SIDES:
+        steps = [
+            b - a
+            for r in rounds
+            for a, b in zip(r[side]["token_times_ms"], r[side]["token_times_ms"][1:], strict=False)
+        ]
+        out[side] = {f"p{q}": percentile(steps, q) for q in (10, 25, 50)} if steps else {}
+    return out
+
+
+def _pooled_line(rounds: list[dict[str, Any]]) -> str:
+    pooled = pooled_steps(rounds)
+    a, b = pooled["mlx_lm"], pooled["mlxd"]
+    if not a or not b:
+        return "pooled steps: none (one token per run)"
+    cells = [f"{q} {a[q]:.3f} / {b[q]:.3f} ms ({a[q] / b[q]:.3f})" for q in a]
+    return "pooled steps, mlx-lm / mlxd (speed ratio): " + ", ".join(cells)
+
+
 def render(result: dict[str, Any]) -> str:
     """The whole report as plain text (no colours, no box drawing: it pastes into markdown)."""
     env, args, model = result["env"], result["args"], result["model"]
@@ -134,6 +157,7 @@ def render(result: dict[str, Any]) -> str:
     if single := result.get("single"):
         lines += ["", f"single stream (B=1), {len(single['rounds'])} rounds"]
         lines.append(section("metric", single["summary"], SINGLE_METRICS))
+        lines.append(_pooled_line(single["rounds"]))
         lines.append(_identical_line(single))
     if conc := result.get("concurrent"):
         lines += ["", f"concurrent: {conc['streams']} streams admitted together, "]

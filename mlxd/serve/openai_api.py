@@ -2,7 +2,6 @@
 fields and response shapes, with `reasoning_content` beside `reasoning`, `n` as rows, and
 `tool_choice` / `response_format` honoured or refused (never silently ignored)."""
 
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,11 +17,12 @@ from .errors import APIError, bad_request
 from .forced_tools import forced_tool
 from .generation import Chunk, Generation, TokenInfo
 from .offload import offload
-from .params import GenParams, read_params
+from .openai_json import logprobs_json, tool_call_json
+from .params import read_params
 from .prompt import Prompt, chat_prompt, normalize_messages, text_prompt
 from .provider import Served
 from .state import ServerState
-from .textstream import Delta, ToolCall
+from .textstream import Delta
 from .waiting import until_done_or_disconnect
 
 
@@ -74,47 +74,6 @@ async def load_model(state: ServerState, body: dict[str, Any], fallback: bool = 
         return await offload(lambda: state.provider.get(name, adapter, fallback))
     except ModelLoadError as e:
         raise APIError(404, str(e), param="model", code="model_not_found") from e
-
-
-def tool_call_json(call: ToolCall, index: int | None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "function": {"name": call.name, "arguments": call.arguments},
-        "type": "function",
-        "id": call.id,
-    }
-    if index is not None:
-        out["index"] = index
-    return out
-
-
-def logprobs_json(tokens: list[TokenInfo], tokenizer: Any, params: GenParams) -> dict | None:
-    """mlx_lm.server's shape ({id, logprob}, top entries {id, token, logprob}), with the OpenAI
-    fields `token` and `top_logprobs` on every entry so OpenAI clients parse it too."""
-    if not params.logprobs and params.top_logprobs <= 0:
-        return None
-    content = []
-    for t in tokens:
-        entry: dict[str, Any] = {"id": t.id, "token": tokenizer.convert_ids_to_tokens(t.id)}
-        entry["logprob"] = finite(t.logprob if t.logprob is not None else _logprob_from_top(t))
-        tops = t.top or []
-        names = tokenizer.convert_ids_to_tokens([i for i, _ in tops]) if tops else []
-        entry["top_logprobs"] = [
-            {"id": i, "token": s, "logprob": finite(lp)}
-            for (i, lp), s in zip(tops, names, strict=True)
-        ]
-        content.append(entry)
-    return {"content": content}
-
-
-def finite(lp: float | None) -> float | None:
-    """JSON has no infinities: a banned token's -inf is OpenAI's -9999.0, NaN is null."""
-    if lp is None or math.isnan(lp):
-        return None
-    return max(lp, -9999.0)
-
-
-def _logprob_from_top(t: TokenInfo) -> float | None:
-    return next((lp for i, lp in t.top or [] if i == t.id), None)
 
 
 class Completion:

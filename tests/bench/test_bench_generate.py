@@ -2,11 +2,18 @@
 greedy tokens. A benchmark, not a timed test: nothing here asserts a speed."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from mlxd.bench.report import CONCURRENT_METRICS, SINGLE_METRICS, consistency, first_divergence
+from mlxd.bench.report import (
+    CONCURRENT_METRICS,
+    SINGLE_METRICS,
+    consistency,
+    first_divergence,
+    pooled_steps,
+)
 from mlxd.cli import main
 
 
@@ -33,6 +40,7 @@ def test_bench_generate_tiny_through_the_cli(tmp_path: Path, capsys) -> None:
     assert result["model"]["name"] == "tiny" and result["env"]["mlx"]
     table = capsys.readouterr().out
     assert "mlxd/mlx-lm" in table and "identical on both sides" in table
+    assert re.search(r"pooled steps, mlx-lm / mlxd \(speed ratio\): p10 [\d.]+ / [\d.]+ ms", table)
 
 
 def test_consistency_tells_a_mismatch_from_a_nondeterministic_backend() -> None:
@@ -105,3 +113,17 @@ def test_bench_generate_concurrent_with_quantized_kv(tmp_path: Path) -> None:
     got = result["rounds"][0]
     assert got["mlx_lm"]["tokens"] == got["mlxd"]["tokens"] == want
     assert result["engine_paths"]["crossed to quantized"] == 3
+
+
+def test_pooled_steps_pool_every_round_per_side() -> None:
+    def run(times: list[float]) -> dict:
+        return {"token_times_ms": times}
+
+    # mlx-lm steps: 10, 10 | 20, 20 ; mlxd steps: 5, 15 | 25, 30 (ms)
+    rounds = [
+        {"mlx_lm": run([0, 10, 20]), "mlxd": run([0, 5, 20])},
+        {"mlx_lm": run([100, 120, 140]), "mlxd": run([100, 125, 155])},
+    ]
+    pooled = pooled_steps(rounds)
+    assert pooled["mlx_lm"] == {"p10": 10, "p25": 10, "p50": 10}
+    assert pooled["mlxd"] == {"p10": 5, "p25": 5, "p50": 15}

@@ -3,7 +3,7 @@ MLX's masked attention is the fallback formula, so folded attention must report 
 
 import re
 
-from mlxd.bench import probe_attention, probe_graphs, probe_join, probe_matmul
+from mlxd.bench import probe_attention, probe_graphs, probe_handoff, probe_join, probe_matmul
 
 
 def test_probe_attention_prints_each_variant_and_whole_steps(capsys) -> None:
@@ -45,3 +45,17 @@ def test_probe_graphs_times_each_variant_per_row_count(capsys) -> None:
     cell = r" +[\d.]+"
     want = rf"B= 2 L=   40\+8: mlx{cell} \| folded/8{cell} \| folded/256{cell} ms/step"
     assert re.search(want, lines[0])
+
+
+def test_probe_handoff_reports_three_variants_with_ratios(capsys) -> None:
+    probe_handoff.main(
+        ["--shape", "qwen3-host", "--rounds", "2", "--prompt-tokens", "8", "--gen-tokens", "12"]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert [line[:24].strip() for line in lines] == [
+        "mlx-lm",
+        "engine, read per token",
+        "engine, reader asleep",
+    ]
+    assert all(re.search(r" [\d.]+ ms/token \(q25 [\d.]+\)", line) for line in lines)
+    assert all(re.search(r"per-round / mlx-lm [\d.]+ \[[\d.]+-[\d.]+\]$", x) for x in lines[1:])

@@ -1,0 +1,11 @@
+# Source on the device in call 2: installs MLX-CUDA + mlx-lm + extras, unpacks the tokenizer to
+# /tmp/tok, puts mlxd on PYTHONPATH, and builds the random-weight model folders on first use.
+set -o pipefail
+source .whlB/install_mlx.sh || return 1
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+mkdir -p /tmp/tok && tar -C /tmp/tok -xJf .whlC/tok.tar.xz
+model_dir() {  # model_dir SHAPE -> /root/SHAPE-random (written once per machine)
+  local d=/root/$1-random
+  [ -f "$d/config.json" ] || python3 -m mlxd.bench.random_model "$d" --shape "$1" --tokenizer /tmp/tok >&2
+  echo "$d"
+}

@@ -1,0 +1,85 @@
+"""What the engine thread's hand-off costs a lone stream: mlx-lm's `stream_generate` against the
+engine read token by token and against the engine left alone until the row ends (the reader
+sleeps), in interleaved rounds. docs/benchmarks.md (B=1 on the CPU, session 8).
+
+    python -m mlxd.bench.probe_handoff --shape qwen3-host --rounds 32
+
+mlx-lm does its per-token work (detokenize, response) on the thread that runs the model; mlxd
+does it on the reader's thread, which needs a core of its own to run beside the engine's.
+Figures: ms per generated token (first to last token), median and quartile per variant, and the
+per-round ratio to mlx-lm's.
+"""
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx_lm.generate import stream_generate
+
+from ..engine.registry import engine_for
+from ..engine.request import GenerationRequest
+from .models import SHAPES, build_random
+
+
+def _mlx_lm(model, tokenizer, prompt: mx.array, n: int) -> float:
+    stamps = [time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)]
+    return 1e3 * (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+
+
+def _engine(model, prompt: mx.array, n: int, read: bool) -> float:
+    engine = engine_for(model)
+    handle = engine.submit(GenerationRequest(prompt=prompt, max_tokens=n))
+    if read:
+        for _ in handle:
+            pass
+    else:  # poll the engine, not the handle, so no token wakes this thread
+        while (s := engine.stats())["active"] + s["waiting"] > 0:
+            time.sleep(0.02)
+    done = handle.wait()
+    return 1e3 * done.timings["decode_s"] / (done.completion_tokens - 1)
+
+
+def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> dict[str, list[float]]:
+    bm = build_random(shape, "bfloat16")
+    prompt = mx.array([1 + i % (bm.vocab_size - 1) for i in range(prompt_tokens)])
+    variants: dict[str, Callable[[], float]] = {
+        "mlx-lm": lambda: _mlx_lm(bm.model, bm.tokenizer, prompt, gen),
+        "engine, read per token": lambda: _engine(bm.model, prompt, gen, read=True),
+        "engine, reader asleep": lambda: _engine(bm.model, prompt, gen, read=False),
+    }
+    for fn in variants.values():  # warm-up
+        fn()
+    out: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(rounds):
+        for k in list(variants)[:: 1 if r % 2 == 0 else -1]:
+            out[k].append(variants[k]())
+    return out
+
+
+def report(out: dict[str, list[float]]) -> list[str]:
+    base = out["mlx-lm"]
+    lines = []
+    for k, v in out.items():
+        s = sorted(v)
+        line = f"{k:24s} {statistics.median(v):7.3f} ms/token (q25 {s[len(s) // 4]:.3f})"
+        if k != "mlx-lm":
+            r = sorted(b / a for a, b in zip(base, v, strict=True))
+            line += f"  per-round / mlx-lm {statistics.median(r):.3f} [{r[0]:.3f}-{r[-1]:.3f}]"
+        lines.append(line)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-host")
+    p.add_argument("--rounds", type=int, default=32)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--gen-tokens", type=int, default=256)
+    a = p.parse_args(argv)
+    print("\n".join(report(run(a.shape, a.rounds, a.prompt_tokens, a.gen_tokens))))
+
+
+if __name__ == "__main__":
+    main()
