@@ -1,7 +1,12 @@
 # Source on the device in call 2: installs MLX-CUDA + mlx-lm + extras, unpacks the tokenizer to
 # /tmp/tok, puts mlxd on PYTHONPATH, and builds the random-weight model folders on first use.
 set -o pipefail
-source .whlB/install_mlx.sh || return 1
+if [ -f /tmp/site/.mlxd-installed ]; then  # a warm machine from an earlier call: skip the reinstall
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+else
+  source .whlB/install_mlx.sh || return 1
+  touch /tmp/site/.mlxd-installed
+fi
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 mkdir -p /tmp/tok && tar -C /tmp/tok -xJf .whlC/tok.tar.xz
 model_dir() {  # model_dir SHAPE -> /root/SHAPE-random (written once per machine)
