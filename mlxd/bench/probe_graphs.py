@@ -7,6 +7,8 @@ reuse its captured graphs (docs/performance.md, CUDA graphs at 32 rows).
 
 Each variant runs `steps` greedy steps with the next step queued before the previous token is
 read (BatchGenerator's pipelining); the figure is the median of 4 blocks of steps / 4.
+`--step engine` adds what BatchGenerator's step does beyond the model: log-probabilities over the
+vocabulary, both arrays queued, and the previous tokens read back to the host every step.
 """
 
 import argparse
@@ -35,7 +37,17 @@ def _caches(model, B: int, L: int, kv: int, D: int, room: int) -> list[BatchKVCa
     return out
 
 
-def run(model, B: int, L: int, kv: int, D: int, steps: int) -> float:
+def _engine_step(model, tokens: mx.array, caches: list) -> mx.array:
+    """BatchGenerator's greedy step: log-probabilities, both queued, the last tokens read."""
+    logits = model(tokens, cache=caches)[:, -1, :]
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    nxt = mx.argmax(logprobs, axis=-1, keepdims=True)
+    mx.async_eval(nxt, logprobs)
+    tokens.tolist()
+    return nxt
+
+
+def run(model, B: int, L: int, kv: int, D: int, steps: int, engine: bool = False) -> float:
     """Median ms per step over 4 blocks of steps // 4 pipelined steps."""
     caches = _caches(model, B, L, kv, D, steps + 8)
     tokens = mx.zeros((B, 1), mx.int32)
@@ -44,6 +56,9 @@ def run(model, B: int, L: int, kv: int, D: int, steps: int) -> float:
         mx.synchronize()
         t0 = time.perf_counter()
         for _ in range(steps // 4):
+            if engine:
+                tokens = _engine_step(model, tokens, caches)
+                continue
             nxt = mx.argmax(model(tokens, cache=caches)[:, -1, :], axis=-1, keepdims=True)
             mx.async_eval(nxt)
             tokens = nxt
@@ -58,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[8, 32])
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--step", choices=("argmax", "engine"), default="argmax")
     args = p.parse_args(argv)
     cfg = SHAPES[args.shape]
     model = build_random(args.shape, "bfloat16", 0).model
@@ -66,8 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     variants = [("mlx", model), ("folded/8", folded(model, 8)), ("folded/256", folded(model, 256))]
     L, steps = args.context, args.steps
     for B in args.rows:
-        line = " | ".join(f"{name} {run(m, B, L, kv, D, steps):7.2f}" for name, m in variants)
-        print(f"graphs={graphs} B={B:2d} L={L:5d}+{steps}: {line} ms/step", flush=True)
+        engine = args.step == "engine"
+        cells = (f"{name} {run(m, B, L, kv, D, steps, engine):7.2f}" for name, m in variants)
+        head = f"graphs={graphs} step={args.step} B={B:2d} L={L:5d}+{steps}"
+        print(f"{head}: {' | '.join(cells)} ms/step", flush=True)
 
 
 if __name__ == "__main__":

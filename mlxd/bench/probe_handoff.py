@@ -6,12 +6,16 @@ sleeps), in interleaved rounds. docs/benchmarks.md (B=1 on the CPU, session 8).
 
 mlx-lm does its per-token work (detokenize, response) on the thread that runs the model; mlxd
 does it on the reader's thread, which needs a core of its own to run beside the engine's.
+"mlx-lm on a thread" runs mlx-lm's own loop behind the same kind of hand-off, to tell a cost of
+the hand-off from a cost of mlxd's engine.
 Figures: ms per generated token (first to last token), median and quartile per variant, and the
 per-round ratio to mlx-lm's.
 """
 
 import argparse
+import queue
 import statistics
+import threading
 import time
 from collections.abc import Callable
 
@@ -25,6 +29,22 @@ from .models import SHAPES, build_random
 
 def _mlx_lm(model, tokenizer, prompt: mx.array, n: int) -> float:
     stamps = [time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)]
+    return 1e3 * (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+
+
+def _mlx_lm_thread(model, tokenizer, prompt: mx.array, n: int) -> float:
+    """mlx-lm's loop on a worker thread, each response handed to this thread as mlxd's are."""
+    q: queue.Queue = queue.Queue()
+
+    def work() -> None:
+        for r in stream_generate(model, tokenizer, prompt, max_tokens=n):
+            q.put(r)
+        q.put(None)
+
+    threading.Thread(target=work, daemon=True).start()
+    stamps = []
+    while q.get() is not None:
+        stamps.append(time.perf_counter())
     return 1e3 * (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
@@ -46,6 +66,7 @@ def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> dict[str, list
     prompt = mx.array([1 + i % (bm.vocab_size - 1) for i in range(prompt_tokens)])
     variants: dict[str, Callable[[], float]] = {
         "mlx-lm": lambda: _mlx_lm(bm.model, bm.tokenizer, prompt, gen),
+        "mlx-lm on a thread": lambda: _mlx_lm_thread(bm.model, bm.tokenizer, prompt, gen),
         "engine, read per token": lambda: _engine(bm.model, prompt, gen, read=True),
         "engine, reader asleep": lambda: _engine(bm.model, prompt, gen, read=False),
     }

@@ -16,6 +16,7 @@ from ..kv.batch_quantized import mergeable
 from ..model.folded_attention import folded
 from ..store.layers import clone
 from .batch_logits import BiasedGenerationBatch
+from .batch_prompt import keep_buffers
 from .handle import RequestHandle
 from .output import RowOutput
 from .prefix import Plan, PrefixSharing
@@ -58,6 +59,7 @@ class BatchConfig:
     prefill_step_size: int = 2048
     max_kv_size: int | None = None  # one size for every batched row (rotating caches)
     attention: str = "mlx"  # "folded": model/folded_attention.py (opt-in, changes bits on CUDA)
+    clear_cache: bool = True  # mlx-lm's mx.clear_cache() after each prefill chunk (batch_prompt.py)
 
 
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:
@@ -94,6 +96,8 @@ class BatchedRows:
             prefill_step_size=config.prefill_step_size,
             max_kv_size=config.max_kv_size,
         )
+        if not config.clear_cache:
+            keep_buffers(self.gen)
         # Every row joins this GenerationBatch (BatchGenerator extends it, never replaces it).
         self.gen._generation_batch = BiasedGenerationBatch.empty(model, self.gen.sampler)
         self._stats_window = self.gen.stats()

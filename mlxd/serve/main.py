@@ -34,9 +34,20 @@ def apply_config(args: argparse.Namespace, defaults: dict) -> None:
             setattr(args, dest, value)
 
 
+def default_batch() -> int:
+    """8 rows (mlxd's cap on a Mac and the CPU); 32 on CUDA, mlx_lm.server's cap: a large GPU
+    decodes 32 rows in about the time of 8 (docs/performance.md, the default row cap)."""
+    import mlx.core as mx
+
+    return 32 if mx.cuda.is_available() else 8
+
+
 def make_state(args: argparse.Namespace) -> ServerState:
     from .metrics import make_metrics
     from .provider import ModelProvider
+
+    if args.batch is None:  # after --cuda-graphs set MLX's switch: this asks MLX for CUDA
+        args.batch = default_batch()
 
     if args.draft_model is not None:
         raise ModelLoadError("--draft-model: speculative decoding is not supported by mlxd yet")

@@ -18,6 +18,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..engine import Engine
 from ..engine.batch import BatchConfig
+from ..engine.batch_prompt import clears_cache
 from ..kv import mixed
 from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
@@ -107,6 +108,7 @@ class ModelProvider:
                 min(a.batch, a.prompt_concurrency),
                 a.prefill_step_size,
                 attention=a.batched_attention,
+                clear_cache=clears_cache(a.prefill_clear_cache),
             ),
             prefix_store=store,
             namespace=namespace,

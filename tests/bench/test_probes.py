@@ -3,6 +3,8 @@ MLX's masked attention is the fallback formula, so folded attention must report 
 
 import re
 
+import pytest
+
 from mlxd.bench import probe_attention, probe_graphs, probe_handoff, probe_join, probe_matmul
 
 
@@ -38,22 +40,25 @@ def test_probe_matmul_prints_each_shape_and_whole_steps(capsys) -> None:
     assert len(steps) == 2 and all(line.count("whole step") == 2 for line in steps)
 
 
-def test_probe_graphs_times_each_variant_per_row_count(capsys) -> None:
-    probe_graphs.main(["--shape", "qwen3-host", "--rows", "2", "--context", "40", "--steps", "8"])
+@pytest.mark.parametrize("step", ["argmax", "engine"])
+def test_probe_graphs_times_each_variant_per_row_count(capsys, step: str) -> None:
+    args = ["--shape", "qwen3-host", "--rows", "2", "--context", "40", "--steps", "8"]
+    probe_graphs.main([*args, "--step", step])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1
     cell = r" +[\d.]+"
-    want = rf"B= 2 L=   40\+8: mlx{cell} \| folded/8{cell} \| folded/256{cell} ms/step"
+    want = rf"step={step} B= 2 L=   40\+8: mlx{cell} \| folded/8{cell} \| folded/256{cell} ms/step"
     assert re.search(want, lines[0])
 
 
-def test_probe_handoff_reports_three_variants_with_ratios(capsys) -> None:
+def test_probe_handoff_reports_four_variants_with_ratios(capsys) -> None:
     probe_handoff.main(
         ["--shape", "qwen3-host", "--rounds", "2", "--prompt-tokens", "8", "--gen-tokens", "12"]
     )
     lines = capsys.readouterr().out.splitlines()
     assert [line[:24].strip() for line in lines] == [
         "mlx-lm",
+        "mlx-lm on a thread",
         "engine, read per token",
         "engine, reader asleep",
     ]

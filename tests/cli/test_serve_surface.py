@@ -1,6 +1,6 @@
 """`mlxd serve` takes every mlx_lm.server flag with its default (the row cap excepted: mlxd's
-`--batch` default is 8 and `--decode-concurrency` is its alias); help groups by layer; a
-config file sets options; bad start-up options are one-line errors."""
+`--batch` default is 8, 32 on CUDA, and `--decode-concurrency` is its alias); help groups by
+layer; a config file sets options; bad start-up options are one-line errors."""
 
 import argparse
 import json
@@ -49,13 +49,24 @@ def test_every_mlx_lm_server_flag_with_its_default() -> None:
         b = ours[renamed.get(dest, dest)]
         assert set(a.option_strings) <= set(b.option_strings), dest
         if dest == "decode_concurrency":
-            assert (a.default, b.default) == (32, 8)  # the one deliberate difference
+            assert (a.default, b.default) == (32, None)  # resolved per platform at start-up
             continue
         # allowed-origins: mlx-lm's type is a lambda; compare what it makes of a value.
         if dest == "allowed_origins":
             assert a.type("a,b") == b.type("a,b") and a.default == b.default
             continue
         assert (a.default, a.type, a.nargs, type(a)) == (b.default, b.type, b.nargs, type(b)), dest
+
+
+def test_row_cap_default_is_8_and_32_on_cuda(monkeypatch) -> None:
+    import mlx.core as mx
+
+    from mlxd.serve.main import default_batch
+
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
+    assert default_batch() == 8
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    assert default_batch() == 32
 
 
 def test_help_groups_flags_by_layer() -> None:

@@ -1,0 +1,88 @@
+"""Batched prefill without mlx-lm's buffer-cache clears (`batch_prompt.py`): the same tokens and
+logprob arrays as BatchGenerator, over padded, multi-chunk prompts; the cache keeps its buffers;
+`--prefill-clear-cache auto` is off on CUDA only."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from fixtures.batch_oracle import batch_generator_outputs
+from mlx_lm.generate import PromptProcessingBatch
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlxd.engine.batch import BatchConfig
+from mlxd.engine.batch_prompt import KeptBuffersPromptBatch, clears_cache
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+
+TEXTS = ["Hello there my friend, how are you today?", "x", "Tell me a long story about a cat"]
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts KeptBuffersPromptBatch.prompt calls (the path taken)."""
+    calls: list[int] = []
+    inner = KeptBuffersPromptBatch.prompt
+
+    def counting(self, tokens):
+        calls.append(len(tokens))
+        return inner(self, tokens)
+
+    monkeypatch.setattr(KeptBuffersPromptBatch, "prompt", counting)
+    return calls
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_kept_buffers_give_batch_generator_bits(
+    tiny_model: Callable[..., Path], arch: str, spy: list[int]
+) -> None:
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model(arch)))
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    ref = batch_generator_outputs(model, prompts, 8, eos, prefill_step_size=4)
+    engine = Engine(model, batch_config=BatchConfig(8, 8, 4, clear_cache=False))
+    try:
+        reqs = [
+            GenerationRequest(prompt=mx.array(p), max_tokens=8, stop_token_ids=eos) for p in prompts
+        ]
+        got = [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
+    finally:
+        engine.close()
+    for g, r in zip(got, ref, strict=True):
+        assert [t for t, _ in g] == [t for t, _ in r]
+        assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(g, r, strict=True))
+    # The two longer prompts were prefilled together in chunks of 4 through the kept path ("x"
+    # has no token to prefill).
+    assert spy.count(2) >= 2
+
+
+def _prefill(cls: type, model, prompts: list[list[int]]) -> tuple[list, int]:
+    caches = [make_prompt_cache(model) for _ in prompts]
+    batch = cls(model, list(range(len(prompts))), caches, prefill_step_size=4)
+    mx.clear_cache()
+    batch.prompt(prompts)
+    return [c.state for c in batch.prompt_cache], mx.get_cache_memory()
+
+
+def test_the_buffer_cache_is_kept_and_the_cache_arrays_are_the_same(
+    tiny_model: Callable[..., Path],
+) -> None:
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model("qwen3")))
+    prompts = [tok.encode(t) for t in TEXTS]  # unequal lengths: right padding, then the roll
+    theirs, cached_theirs = _prefill(PromptProcessingBatch, model, prompts)
+    ours, cached_ours = _prefill(KeptBuffersPromptBatch, model, prompts)
+    for a, b in zip(theirs, ours, strict=True):
+        assert all(mx.array_equal(x, y).item() for x, y in zip(a, b, strict=True))
+    assert cached_ours > 1000 * max(cached_theirs, 1), (cached_theirs, cached_ours)
+
+
+def test_auto_is_off_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    assert (clears_cache("auto"), clears_cache("on"), clears_cache("off")) == (False, True, False)
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
+    assert (clears_cache("auto"), clears_cache("on"), clears_cache("off")) == (True, True, False)
