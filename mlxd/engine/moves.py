@@ -6,6 +6,7 @@ with the pending token, the token history the logits processors see, and the row
 
 from typing import Any
 
+import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
 from .batch import BatchedRow, BatchedRows
@@ -38,6 +39,15 @@ def serial_into_batch(serial: Serial, keys: KeyOwner) -> tuple[BatchedRow, list,
     key = keys.leave(row)
     moved.key = key if row.req.random_key is not None else None
     return moved, feed, row.cache, in_cache
+
+
+def drain_keeps_bits(attention: str) -> bool:
+    """Whether a batch's last row may return to serial caches and keep BatchGenerator's bits.
+    The serial step attends unmasked (MLX's fused kernel); the batch masks. On the CPU both are
+    the same formula. MLX-CUDA has no fused masked kernel, so there the row would leave mlx-lm's
+    bits (H200: same tokens, other logprobs) and stays in its batch. Folded attention is opt-in
+    and already changes bits on CUDA, so it keeps the faster serial step."""
+    return attention == "folded" or not mx.cuda.is_available()
 
 
 def last_row_out(batch: BatchedRows, model: Any, keys: KeyOwner) -> Serial | None:

@@ -98,7 +98,7 @@ class Turns:
             if not len(batch):
                 self._close(fmt, batch)
         lone = [b for b in self._batches.values() if len(b)]
-        if self.serial_fast_path and not self.admission.waiting and not self._forks:
+        if self.drain_to_serial and not self.admission.waiting and not self._forks:
             if self._serial is None and len(lone) == 1 and len(lone[0]) == 1:
                 if (serial := last_row_out(lone[0], self.model, self._keys)) is not None:
                     self._serial = serial

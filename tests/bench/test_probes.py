@@ -5,7 +5,14 @@ import re
 
 import pytest
 
-from mlxd.bench import probe_attention, probe_graphs, probe_handoff, probe_join, probe_matmul
+from mlxd.bench import (
+    probe_attention,
+    probe_compile,
+    probe_graphs,
+    probe_handoff,
+    probe_join,
+    probe_matmul,
+)
 
 
 def test_probe_attention_prints_each_variant_and_whole_steps(capsys) -> None:
@@ -64,3 +71,16 @@ def test_probe_handoff_reports_four_variants_with_ratios(capsys) -> None:
     ]
     assert all(re.search(r" [\d.]+ ms/token \(q25 [\d.]+\)", line) for line in lines)
     assert all(re.search(r"per-round / mlx-lm [\d.]+ \[[\d.]+-[\d.]+\]$", x) for x in lines[1:])
+
+
+def test_probe_compile_times_each_variant_and_compares_the_compiled_tokens(capsys) -> None:
+    probe_compile.main(
+        ["--shape", "qwen3-host", "--rows", "1", "2", "--context", "40", "--steps", "8"]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    cell = r" +[\d.]+"
+    assert re.search(
+        rf"B= 1 L=   40\+8: mlx-lm{cell} \| static{cell} \| static\+compile{cell}", lines[0]
+    )
+    assert re.search(rf"B= 2 .*mlx-lm{cell} \| folded{cell} \| static{cell} \| static", lines[1])
+    assert all(line.endswith("| equal True") for line in lines) and len(lines) == 2

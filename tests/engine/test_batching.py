@@ -11,6 +11,7 @@ from fixtures.batch_oracle import batch_generator_outputs
 from mlx_lm.generate import BatchGenerator, generate_step
 
 from mlxd.engine.engine import Engine
+from mlxd.engine.moves import drain_keeps_bits
 from mlxd.engine.request import GenerationRequest
 
 TEXTS = ["Hello there my friend", "Tell me a long story about a cat and a dog please", "x"]
@@ -30,7 +31,7 @@ def _req(prompt: list[int], n: int, eos: frozenset[int] = frozenset(), **kw) -> 
     return GenerationRequest(prompt=mx.array(prompt), max_tokens=n, stop_token_ids=eos, **kw)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "lfm2"])
+@pytest.mark.parametrize("arch", ["qwen3", "lfm2", "gemma3"])
 def test_admitted_together_equals_batch_generator(tiny_model, arch: str) -> None:
     model, tok = _load(tiny_model, arch)
     eos = frozenset(tok.eos_token_ids)
@@ -137,12 +138,9 @@ def test_stop_token_ends_a_batched_row(tiny_model) -> None:
         engine.close()
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "lfm2", "gemma3"])
-def test_batch_drains_back_to_the_serial_fast_path(tiny_model, arch: str) -> None:
-    """When the short row ends, the long (unpadded) row leaves the batch for plain serial
-    caches and continues with BatchGenerator's very bits. gemma3's sliding-window caches change
-    layout when extracted, so there only the tokens are held equal (reduction-order noise)."""
-    model, tok = _load(tiny_model, arch)
+def _long_and_short(model, tok) -> tuple[list, list, list, list, dict]:
+    """A long and a short prompt admitted together: BatchGenerator's (token, logprobs) for
+    each, then the engine's, and the paths its rows took."""
     long_p, short_p = tok.encode(TEXTS[1]), tok.encode("Hi")
     gen = BatchGenerator(model)
     uids = gen.insert([long_p, short_p], max_tokens=[30, 5])
@@ -154,12 +152,47 @@ def test_batch_drains_back_to_the_serial_fast_path(tiny_model, arch: str) -> Non
     engine = Engine(model)
     try:
         a, b = engine.submit_many([_req(long_p, 30), _req(short_p, 5)])
-        got_a, got_b = [(e.token, e.logprobs) for e in a], [e.token for e in b]
-        assert got_b == [t for t, _ in ref[uids[1]]]
-        assert [t for t, _ in got_a] == [t for t, _ in ref[uids[0]]]
-        if arch != "gemma3":
-            pairs = zip(got_a, ref[uids[0]], strict=True)
-            assert all(mx.array_equal(x, y).item() for (_, x), (_, y) in pairs)
-        assert engine.paths == {"batched": 2, "batched->serial": 1}
+        got = [[(e.token, e.logprobs) for e in h] for h in (a, b)]
+        return ref[uids[0]], ref[uids[1]], got[0], got[1], dict(engine.paths)
     finally:
         engine.close()
+
+
+def _equal_logprobs(got: list, want: list) -> bool:
+    return all(mx.array_equal(x, y).item() for (_, x), (_, y) in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "lfm2", "gemma3"])
+def test_batch_drains_back_to_the_serial_fast_path(tiny_model, arch: str) -> None:
+    """When the short row ends, the long (unpadded) row leaves the batch for plain serial
+    caches and continues with BatchGenerator's very bits (where the backend allows it:
+    drain_keeps_bits). gemma3's sliding-window caches change layout when extracted, so there
+    only the tokens are held equal (reduction-order noise)."""
+    want_a, want_b, got_a, got_b, paths = _long_and_short(*_load(tiny_model, arch))
+    assert [t for t, _ in got_b] == [t for t, _ in want_b]
+    assert [t for t, _ in got_a] == [t for t, _ in want_a]
+    if arch != "gemma3":
+        assert _equal_logprobs(got_a, want_a)
+    drained = {"batched->serial": 1} if drain_keeps_bits("mlx") else {}
+    assert paths == {"batched": 2, **drained}
+
+
+def test_the_last_row_stays_batched_where_the_drain_would_change_its_bits(
+    tiny_model, monkeypatch
+) -> None:
+    """Where the serial step's attention differs from the batch's (MLX-CUDA), the last row
+    finishes inside its batch, with BatchGenerator's tokens and logprob arrays."""
+    import mlxd.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "drain_keeps_bits", lambda attention: False)
+    want_a, want_b, got_a, got_b, paths = _long_and_short(*_load(tiny_model, "qwen3"))
+    assert [t for t, _ in got_b] == [t for t, _ in want_b]
+    assert [t for t, _ in got_a] == [t for t, _ in want_a] and _equal_logprobs(got_a, want_a)
+    assert paths == {"batched": 2}
+
+
+def test_the_drain_policy_by_backend(monkeypatch) -> None:
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
+    assert not drain_keeps_bits("mlx") and drain_keeps_bits("folded")
+    monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
+    assert drain_keeps_bits("mlx") and drain_keeps_bits("folded")

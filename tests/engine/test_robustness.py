@@ -12,6 +12,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from fixtures.memory import settled_active_memory
 from mlx_lm.generate import generate_step
 
 from mlxd.engine.engine import Engine
@@ -96,8 +97,7 @@ def test_random_load(model, batch: int) -> None:
     engine = Engine(model, batch=batch)
     try:
         list(engine.submit(_request(specs[0])))  # warm up, then measure the baseline
-        mx.clear_cache()
-        baseline = mx.get_active_memory()
+        baseline = settled_active_memory()
         results = _run(engine, specs)
         for s, (tokens, reason) in zip(specs, results, strict=True):
             assert reason in {"length", "cancelled"}  # no EOS ids given: only these end rows
@@ -109,8 +109,7 @@ def test_random_load(model, batch: int) -> None:
                 assert tokens == _reference(model, s)[: len(tokens)]
         stats = engine.stats()
         assert stats["active"] == stats["waiting"] == 0
-        mx.clear_cache()
-        assert mx.get_active_memory() <= baseline + 64 * 1024
+        assert settled_active_memory() <= baseline + 64 * 1024
     finally:
         engine.close()
 
