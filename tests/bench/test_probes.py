@@ -12,6 +12,7 @@ from mlxd.bench import (
     probe_handoff,
     probe_join,
     probe_matmul,
+    probe_sampling,
 )
 
 
@@ -113,3 +114,13 @@ def test_fused_projections_keep_the_folded_models_bits_on_the_cpu() -> None:
     assert all(mx.array_equal(a, b).item() for a, b in pairs)
     assert type(model.model.layers[0].self_attn.q_proj).__name__ == "Linear"
     assert type(model.model.layers[0].mlp.up_proj).__name__ == "Linear"
+
+
+def test_probe_sampling_times_greedy_shared_and_per_row_samplers(capsys) -> None:
+    probe_sampling.main(["--shape", "qwen3-host", "--rows", "2", "--context", "8", "--steps", "4"])
+    lines = capsys.readouterr().out.splitlines()
+    cell = r" +[\d.]+"
+    assert len(lines) == 1
+    assert re.search(
+        rf"B= 2 L=    8: greedy{cell} \| shared{cell} \| per-row{cell} ms/step", lines[0]
+    )

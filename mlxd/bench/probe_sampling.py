@@ -1,0 +1,66 @@
+"""What sampling costs a batched step: BatchGenerator's decode step with greedy rows, with one
+sampler object shared by every row (one batched call), and with a sampler per row, as
+mlx_lm.server and mlxd build them for requests that carry a temperature (a slice, the filter
+chain and a draw per row, then a concatenate).
+
+    python -m mlxd.bench.probe_sampling --shape qwen3-0.6b --rows 8 32 --context 512 --steps 64
+
+Each figure is the median time between BatchGenerator's decode steps, after the first 8.
+On the CPU (qwen3-host, 32 rows, temperature 0.7, top_p 0.95) per-row samplers added 11-14%
+to a step and the shared one 1% (docs/performance.md, §4).
+"""
+
+import argparse
+import statistics
+import time
+
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.sample_utils import make_sampler
+
+from .models import SHAPES, build_random, random_prompts
+
+KINDS = ("greedy", "shared", "per-row")
+
+
+def step_ms(model, prompts: list[list[int]], steps: int, kind: str, temp: float, top_p: float):
+    """Median ms between decode steps of `len(prompts)` rows admitted together."""
+    B = len(prompts)
+    samplers = None
+    if kind == "shared":
+        samplers = [make_sampler(temp, top_p=top_p)] * B
+    elif kind == "per-row":
+        samplers = [make_sampler(temp, top_p=top_p) for _ in range(B)]
+    gen = BatchGenerator(model, completion_batch_size=B, prefill_batch_size=B)
+    gen.insert(prompts, max_tokens=[steps + 8] * B, samplers=samplers)
+    gaps, last = [], None
+    while gen.next_generated():
+        now = time.perf_counter()
+        if last is not None:
+            gaps.append(now - last)
+        last = now
+    gen.close()
+    return 1e3 * statistics.median(gaps[8:] or gaps)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
+    p.add_argument("--rows", type=int, nargs="+", default=[8, 32])
+    p.add_argument("--context", type=int, default=512, help="prompt tokens per row")
+    p.add_argument("--steps", type=int, default=64, help="decode steps timed per run")
+    p.add_argument("--temp", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.95)
+    args = p.parse_args(argv)
+    bm = build_random(args.shape, "bfloat16", 0)
+    for B in args.rows:
+        prompts = random_prompts(bm.vocab_size, B, args.context, 1)
+        step_ms(bm.model, prompts, 8, "greedy", args.temp, args.top_p)  # warm-up
+        cells = [
+            f"{k} {step_ms(bm.model, prompts, args.steps, k, args.temp, args.top_p):7.2f}"
+            for k in KINDS
+        ]
+        print(f"B={B:2d} L={args.context:5d}: {' | '.join(cells)} ms/step", flush=True)
+
+
+if __name__ == "__main__":
+    main()
