@@ -11,14 +11,12 @@ is read, as BatchGenerator does), the figure the median of 4 blocks after one of
 - `static`: a fixed-capacity buffer written at an array index, every key masked by position,
   folded attention over the whole buffer (the bits differ from mlx-lm's: opt-in if kept);
 - `static+compile`: the same function under `mx.compile`;
-- `folded+fused` (rows >= 2): folded, with q/k/v and gate/up each one matmul over stacked
-  weights (a copy of them): 84 of a 0.6B step's 196 projection calls, ~30 µs each on CUDA.
+- `folded+fused` (rows >= 2): `--batched-attention folded+fused`, q/k/v and gate/up each one
+  matmul over stacked weights (a copy): 84 of a 0.6B step's 196 projection calls.
 `equal` says whether the compiled static step made the same tokens as the uncompiled one.
 """
 
 import argparse
-import copy
-import itertools
 import statistics
 import time
 from typing import Any
@@ -80,36 +78,9 @@ def static_model(model: nn.Module) -> nn.Module:
     return shadow
 
 
-class FusedParts:
-    """Bias-free Linear layers fed the same input, as one matmul over their stacked weights;
-    `part(i)` stands for layer i (on the CPU the same bits: tests/bench/test_probes.py)."""
-
-    def __init__(self, linears: list[nn.Linear]) -> None:
-        self.weight = mx.concatenate([lin.weight for lin in linears], axis=0)
-        self.edges = list(itertools.accumulate(lin.weight.shape[0] for lin in linears))[:-1]
-        self._x: mx.array | None = None
-        self._parts: list[mx.array] = []
-
-    def part(self, i: int):
-        def call(x: mx.array) -> mx.array:
-            if x is not self._x:  # the first of the group on this input computes them all
-                self._x, self._parts = x, mx.split(x @ self.weight.T, self.edges, axis=-1)
-            return self._parts[i]
-
-        return call
-
-
 def fused_model(model: nn.Module) -> nn.Module:
-    """folded(model) whose layers run q/k/v and gate/up as one matmul each (weights copied)."""
-    shadow = folded(model)
-    for layer in shadow.model.layers:
-        a = layer.self_attn.inner = copy.copy(layer.self_attn.inner)
-        qkv = FusedParts([a.q_proj, a.k_proj, a.v_proj])
-        a.q_proj, a.k_proj, a.v_proj = (qkv.part(i) for i in range(3))
-        m = layer.mlp = copy.copy(layer.mlp)
-        gate_up = FusedParts([m.gate_proj, m.up_proj])
-        m.gate_proj, m.up_proj = gate_up.part(0), gate_up.part(1)
-    return shadow
+    """folded(model) whose batched decode steps run q/k/v and gate/up as one matmul each."""
+    return folded(model, fuse=True)
 
 
 def static_step(model: nn.Module):

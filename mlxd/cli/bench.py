@@ -44,7 +44,7 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         choices=MODES,
         default="mlx",
         help="mlxd's batched decode attention, as `mlxd serve --batched-attention` (folded "
-        "changes bits on CUDA: its token check is reported, not enforced)",
+        "and folded+fused change bits on CUDA: its token check is reported, not enforced)",
     )
 
 

@@ -123,7 +123,9 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         default="mlx",
         help="attention of the batched decode step: mlx (MLX's, the same bits as mlx-lm) or "
         "folded (no masked fallback: much faster on CUDA at long contexts, changes bits there; "
-        "llama, mistral, qwen2, qwen3, qwen3_moe; keep mlx on Metal)",
+        "llama, mistral, qwen2, qwen3, qwen3_moe; keep mlx on Metal) or folded+fused (also "
+        "q/k/v and gate/up as one matmul each: fewer kernel calls on CUDA, copies those "
+        "weights, e.g. +9 GB for an 8B model)",
     )
     g.add_argument(
         "--prefill-clear-cache",

@@ -13,7 +13,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 from ..kv.batch_quantized import mergeable
-from ..model.folded_attention import folded
+from ..model.folded_attention import folded, is_folded
 from ..store.layers import clone
 from .batch_logits import BiasedGenerationBatch
 from .batch_prompt import keep_buffers
@@ -58,7 +58,7 @@ class BatchConfig:
     prefill_batch_size: int = 8
     prefill_step_size: int = 2048
     max_kv_size: int | None = None  # one size for every batched row (rotating caches)
-    attention: str = "mlx"  # "folded": model/folded_attention.py (opt-in, changes bits on CUDA)
+    attention: str = "mlx"  # or folded(+fused): model/folded_attention.py (opt-in, bits on CUDA)
     clear_cache: bool = True  # mlx-lm's mx.clear_cache() after each prefill chunk (batch_prompt.py)
 
 
@@ -87,8 +87,8 @@ class BatchedRows:
     ) -> None:  # fmt: skip
         self.sharing = sharing
         self.fmt = fmt  # the KV format of every row's caches (None: unquantized)
-        if config.attention == "folded":
-            model = folded(model)
+        if is_folded(config.attention):
+            model = folded(model, fuse=config.attention == "folded+fused")
         self.gen = BatchGenerator(
             model,
             completion_batch_size=config.completion_batch_size,

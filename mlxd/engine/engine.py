@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 # mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
+from ..model.folded_attention import is_folded
 from ..model.folded_attention import unsupported as unfoldable
 from .admission import Admission, Overloaded
 from .batch import BatchConfig, BatchedRows, batchable
@@ -70,7 +71,7 @@ class Engine(PrefixRows, Routing, Turns):
         materialize(model)
         self.batch = batch
         self.config = batch_config or BatchConfig(batch, min(batch, 8), prefill_step_size)
-        if self.config.attention == "folded" and (why := unfoldable(model)) is not None:
+        if is_folded(self.config.attention) and (why := unfoldable(model)) is not None:
             raise ValueError(why)
         # serial_fast_path: a lone row runs serial caches, and a batch's last row returns to them
         # where that keeps its bits (moves.py). Off: every row runs BatchGenerator's step.

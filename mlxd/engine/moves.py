@@ -9,6 +9,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
+from ..model.folded_attention import is_folded
 from .batch import BatchedRow, BatchedRows
 from .handle import RequestHandle
 from .output import RowOutput
@@ -47,7 +48,7 @@ def drain_keeps_bits(attention: str) -> bool:
     the same formula. MLX-CUDA has no fused masked kernel, so there the row would leave mlx-lm's
     bits (H200: same tokens, other logprobs) and stays in its batch. Folded attention is opt-in
     and already changes bits on CUDA, so it keeps the faster serial step."""
-    return attention == "folded" or not mx.cuda.is_available()
+    return is_folded(attention) or not mx.cuda.is_available()
 
 
 def last_row_out(batch: BatchedRows, model: Any, keys: KeyOwner) -> Serial | None:

@@ -17,10 +17,17 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .fused_projections import Stacked, fused_mlp, stacked_qkv
+
 # Architectures whose attention is the standard q/k/v projection, optional q/k RMSNorm, RoPE at
 # the cache offset, cache update, attention, o_proj (tests/model/test_folded_attention.py).
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
-MODES = ("mlx", "folded")
+# folded+fused: also q/k/v and gate/up as one matmul each (model/fused_projections.py).
+MODES = ("mlx", "folded", "folded+fused")
+
+
+def is_folded(mode: str) -> bool:
+    return mode in ("folded", "folded+fused")
 
 
 def unsupported(model: Any) -> str | None:
@@ -31,9 +38,10 @@ def unsupported(model: Any) -> str | None:
     return None
 
 
-def folded(model: nn.Module, align: int | None = None) -> nn.Module:
+def folded(model: nn.Module, align: int | None = None, fuse: bool = False) -> nn.Module:
     """A model sharing `model`'s weights whose batched decode attention is folded, over keys
-    padded to a multiple of `align` (default: `key_alignment()`)."""
+    padded to a multiple of `align` (default: `key_alignment()`); `fuse`: its batched decode
+    steps also run q/k/v and gate/up as one matmul each, over copies of those weights."""
     align = key_alignment() if align is None else align
     if (why := unsupported(model)) is not None:
         raise ValueError(why)
@@ -43,6 +51,9 @@ def folded(model: nn.Module, align: int | None = None) -> nn.Module:
     for layer in model.model.layers:
         twin = copy.copy(layer)
         twin.self_attn = FoldedAttention(layer.self_attn, align)
+        if fuse:
+            twin.self_attn.qkv = stacked_qkv(layer.self_attn)
+            twin.mlp = fused_mlp(layer.mlp)
         layers.append(twin)
     inner.layers = layers
     shadow.model = inner
@@ -100,13 +111,14 @@ class FoldedAttention(nn.Module):
         super().__init__()
         self.inner = inner
         self.align = align
+        self.qkv: Stacked | None = None  # set by folded(fuse=True) where the layers stack
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         if not _foldable(x, mask, cache):
             return self.inner(x, mask, cache)
         a = self.inner
         B, L, _ = x.shape
-        q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+        q, k, v = self.qkv(x) if self.qkv is not None else (a.q_proj(x), a.k_proj(x), a.v_proj(x))
         q, k = q.reshape(B, L, a.n_heads, -1), k.reshape(B, L, a.n_kv_heads, -1)
         if hasattr(a, "q_norm"):  # qwen3
             q, k = a.q_norm(q), a.k_norm(k)

@@ -23,6 +23,7 @@ from ..kv import mixed
 from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
 from ..model.default import DEFAULT_MODEL_NAME
+from ..model.folded_attention import is_folded
 from ..model.folded_attention import unsupported as unfoldable
 from ..model.resolve import resolve_model
 from .budget import kv_budget_from
@@ -91,7 +92,7 @@ class ModelProvider:
         # a layer that holds no keys and values is refused.
         if (why := unsupported(model, kv_config, window)) is not None:
             raise ModelLoadError(f"{folder}: {why}")
-        if a.batched_attention == "folded" and (why := unfoldable(model)) is not None:
+        if is_folded(a.batched_attention) and (why := unfoldable(model)) is not None:
             raise ModelLoadError(f"{folder}: {why}")
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         kv_budget = kv_budget_from(a, weights)

@@ -88,34 +88,6 @@ def test_probe_compile_times_each_variant_and_compares_the_compiled_tokens(capsy
     assert all(line.endswith("| equal True") for line in lines) and len(lines) == 2
 
 
-def test_fused_projections_keep_the_folded_models_bits_on_the_cpu() -> None:
-    """probe_compile's folded+fused model (q/k/v and gate/up as one matmul each) makes the same
-    logits as the folded model through a padded prefill and decode steps, and leaves the
-    caller's model as it was."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import BatchKVCache
-
-    from mlxd.bench.models import build_random
-    from mlxd.model.folded_attention import folded
-
-    model = build_random("qwen3-host", "bfloat16", 0).model
-
-    def run(m) -> list:
-        caches = [BatchKVCache([0, 3, 1]) for _ in m.layers]
-        out = [m(mx.array([[1, 2, 3, 4, 5], [0, 0, 0, 7, 8], [0, 9, 9, 9, 9]]), cache=caches)]
-        tokens = mx.array([[5], [6], [7]])
-        for _ in range(4):
-            out.append(m(tokens, cache=caches))
-            tokens = mx.argmax(out[-1][:, -1:, :], axis=-1)
-        return out
-
-    fused = probe_compile.fused_model(model)
-    pairs = zip(run(folded(model)), run(fused), strict=True)
-    assert all(mx.array_equal(a, b).item() for a, b in pairs)
-    assert type(model.model.layers[0].self_attn.q_proj).__name__ == "Linear"
-    assert type(model.model.layers[0].mlp.up_proj).__name__ == "Linear"
-
-
 def test_probe_sampling_times_greedy_shared_and_per_row_samplers(capsys) -> None:
     probe_sampling.main(["--shape", "qwen3-host", "--rows", "2", "--context", "8", "--steps", "4"])
     lines = capsys.readouterr().out.splitlines()

@@ -64,12 +64,10 @@ def test_join_mid_flight_keeps_the_serial_prefix_and_both_finish(tiny_model) -> 
         assert before == solo[:5]
         assert len(before + after) == 30 and len(joined) == 10
         assert first.done.reason == "length" and second.done.reason == "length"
-        assert engine.paths == {
-            "serial": 1,
-            "batched": 1,
-            "serial->batched": 1,
-            "batched->serial": 1,
-        }
+        paths = {"serial": 1, "batched": 1, "serial->batched": 1}
+        if drain_keeps_bits("mlx"):  # on MLX-CUDA the last row stays batched (moves.py)
+            paths["batched->serial"] = 1
+        assert engine.paths == paths
         assert engine.stats()["active"] == engine.stats()["waiting"] == 0
     finally:
         engine.close()

@@ -1,0 +1,93 @@
+"""q/k/v and gate/up as one matmul each in the batched decode step (opt-in:
+`--batched-attention folded+fused`).
+
+On CUDA a few-row projection costs a fixed ~30 µs a call whatever its width (cuBLASLt), and a
+Qwen3 step makes 7 per layer; stacking the weights of projections that read the same input
+drops 3 of them (H200, docs/performance.md). It copies those weights (Qwen3-8B: +9 GB). On the
+CPU the stacked matmul gives the same bits; on CUDA another kernel shape may round otherwise.
+"""
+
+import itertools
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.activations import swiglu
+
+
+class Stacked:
+    """Linear or QuantizedLinear layers of one kind fed the same input, as one matmul over
+    their weights stacked by output row; `__call__` returns each layer's output."""
+
+    def __init__(self, linears: list[nn.Module]) -> None:
+        first = linears[0]
+        self.quant = isinstance(first, nn.QuantizedLinear)
+        if self.quant:
+            self.group_size, self.bits, self.mode = first.group_size, first.bits, first.mode
+        keys = [k for k in ("weight", "scales", "biases", "bias") if k in first]
+        self.arrays = {k: mx.concatenate([lin[k] for lin in linears], axis=0) for k in keys}
+        rows = [lin["weight"].shape[0] for lin in linears]
+        self.edges = list(itertools.accumulate(rows))[:-1]
+
+    def __call__(self, x: mx.array) -> list[mx.array]:
+        a = self.arrays
+        if self.quant:
+            y = mx.quantized_matmul(
+                x, a["weight"], scales=a["scales"], biases=a.get("biases"), transpose=True,
+                group_size=self.group_size, bits=self.bits, mode=self.mode,
+            )  # fmt: skip
+            y = y + a["bias"] if "bias" in a else y
+        elif "bias" in a:
+            y = mx.addmm(a["bias"], x, a["weight"].T)
+        else:
+            y = x @ a["weight"].T
+        return mx.split(y, self.edges, axis=-1)
+
+
+def stackable(linears: list[Any]) -> bool:
+    """Layers of one exact kind (Linear, or QuantizedLinear with one quantization), all with or
+    all without a bias, so one matmul computes what each would."""
+    first = linears[0]
+    if type(first) not in (nn.Linear, nn.QuantizedLinear):
+        return False
+    if any(type(lin) is not type(first) or set(lin) != set(first) for lin in linears):
+        return False
+    quant = ("group_size", "bits", "mode")
+    return all(getattr(lin, k, None) == getattr(first, k, None) for lin in linears for k in quant)
+
+
+# MLPs whose call is down(swiglu(gate(x), up(x))), checked by class (mlx-lm's llama, qwen2,
+# qwen3 and qwen3_moe dense layers).
+def _swiglu_mlps() -> tuple[type, ...]:
+    from mlx_lm.models import llama, qwen2, qwen3, qwen3_moe
+
+    return (llama.MLP, qwen2.MLP, qwen3.MLP, qwen3_moe.MLP)
+
+
+class FusedMLP(nn.Module):
+    """Wraps one swiglu MLP: a one-token step of several rows runs gate and up as one matmul;
+    anything else goes to the original module, op for op."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self._gate_up = Stacked([inner.gate_proj, inner.up_proj])
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.ndim != 3 or x.shape[1] != 1 or x.shape[0] < 2:
+            return self.inner(x)
+        gate, up = self._gate_up(x)
+        return self.inner.down_proj(swiglu(gate, up))
+
+
+def fused_mlp(mlp: Any) -> Any:
+    """`mlp` wrapped in FusedMLP where its class and projections allow, else `mlp` itself."""
+    if type(mlp) not in _swiglu_mlps() or not stackable([mlp.gate_proj, mlp.up_proj]):
+        return mlp
+    return FusedMLP(mlp)
+
+
+def stacked_qkv(attn: Any) -> Stacked | None:
+    """One matmul for an attention module's q, k and v projections, or None."""
+    parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+    return Stacked(parts) if None not in parts and stackable(parts) else None

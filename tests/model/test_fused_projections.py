@@ -1,0 +1,161 @@
+"""`--batched-attention folded+fused` (mlxd/model/fused_projections.py): the batched decode step
+runs q/k/v and gate/up as one matmul each over stacked weights.
+
+On the CPU a stacked matmul computes each output column as the separate one does, so the mode
+must equal folded attention (and so BatchGenerator) bit for bit there; on CUDA another kernel
+shape may round otherwise, which is why it is opt-in."""
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from fixtures.batch_oracle import batch_generator_outputs
+from mlx_lm.models import qwen2
+from mlx_lm.models.cache import BatchKVCache
+
+from mlxd.engine.batch import BatchConfig
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+from mlxd.model import folded_attention as fa
+from mlxd.model import fused_projections as fp
+
+PROMPTS = [[5, 9, 13, 2, 77, 31, 8], [101, 4], [7, 7, 300, 12, 9, 44, 61, 5, 90, 3, 18]]
+
+
+def _load(tiny_model: Callable[..., Path], arch: str):
+    from mlx_lm import load
+
+    return load(str(tiny_model(arch)))[0]
+
+
+def _qwen2():  # q/k/v projections with a bias
+    args = qwen2.ModelArgs(
+        model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+        num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=512,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    mx.random.seed(3)
+    model = qwen2.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def _quantized(model):
+    q = copy.deepcopy(model)
+    nn.quantize(q, group_size=32, bits=4)
+    mx.eval(q.parameters())
+    return q
+
+
+@pytest.fixture(params=["llama", "qwen3", "qwen3_moe", "qwen2", "qwen3-4bit"])
+def model(request, tiny_model):
+    if request.param == "qwen2":
+        return _qwen2()
+    if request.param == "qwen3-4bit":
+        return _quantized(_load(tiny_model, "qwen3"))
+    return _load(tiny_model, request.param)
+
+
+@pytest.fixture
+def stacked_calls(monkeypatch) -> list[int]:
+    """Counts the stacked matmuls (so a test sees the fused path ran)."""
+    seen: list[int] = []
+    real = fp.Stacked.__call__
+
+    def spy(self, x):
+        seen.append(len(self.edges) + 1)
+        return real(self, x)
+
+    monkeypatch.setattr(fp.Stacked, "__call__", spy)
+    return seen
+
+
+def _linears(kind: str, widths: list[int]) -> list[nn.Module]:
+    mx.random.seed(5)
+    layers = [nn.Linear(64, w, bias=kind == "bias") for w in widths]
+    if kind == "4bit":
+        layers = [nn.QuantizedLinear.from_linear(lin, group_size=32, bits=4) for lin in layers]
+    mx.eval([lin.parameters() for lin in layers])
+    return layers
+
+
+@pytest.mark.parametrize("kind", ["plain", "bias", "4bit"])
+@pytest.mark.parametrize("shape", [(3, 1, 64), (2, 5, 64)])
+def test_one_stacked_matmul_equals_each_layer(kind: str, shape: tuple[int, ...]) -> None:
+    layers = _linears(kind, [64, 16, 16])
+    x = mx.random.normal(shape).astype(mx.bfloat16)
+    got = fp.Stacked(layers)(x)
+    assert [g.shape[-1] for g in got] == [64, 16, 16]
+    assert all(mx.array_equal(g, lin(x)).item() for g, lin in zip(got, layers, strict=True))
+
+
+def test_only_layers_of_one_kind_stack() -> None:
+    plain, bias, quant = (_linears(k, [16])[0] for k in ("plain", "bias", "4bit"))
+    assert fp.stackable([plain, _linears("plain", [32])[0]])
+    assert not fp.stackable([plain, bias])
+    assert not fp.stackable([plain, quant])
+    eight = nn.QuantizedLinear.from_linear(_linears("plain", [16])[0], group_size=32, bits=8)
+    assert not fp.stackable([quant, eight])
+    assert fp.stacked_qkv(object()) is None  # no q/k/v projections: the layer stays unfused
+
+
+def _decode(model, steps: int, pads: list[int]) -> mx.array:
+    """Left-padded prefill of 3 rows, then greedy one-token steps; every step's logits."""
+    tokens = mx.array([[0] * p + PROMPTS[2][: 11 - p] for p in pads])
+    caches = [BatchKVCache(pads) for _ in model.layers]
+    logits = [model(tokens, cache=caches)[:, -1, :]]
+    for _ in range(steps):
+        nxt = mx.argmax(logits[-1], axis=-1, keepdims=True)
+        logits.append(model(nxt, cache=caches)[:, -1, :])
+    return mx.stack(logits)
+
+
+def test_fused_model_equals_the_folded_one_bit_for_bit(model, stacked_calls) -> None:
+    expected = _decode(fa.folded(model), 8, [0, 4, 9])
+    assert stacked_calls == []
+    fused = fa.folded(model, fuse=True)
+    got = _decode(fused, 8, [0, 4, 9])
+    assert mx.array_equal(got, expected).item()
+    layers = len(model.layers)
+    dense = sum(hasattr(lay.mlp, "gate_proj") for lay in model.model.layers)  # 0 in tiny MoE
+    assert dense == sum(isinstance(lay.mlp, fp.FusedMLP) for lay in fused.model.layers)
+    assert stacked_calls.count(3) == 8 * layers  # q/k/v: every decode step, every layer
+    assert stacked_calls.count(2) == 8 * dense  # gate/up in every dense MLP
+    assert type(model.model.layers[0].self_attn).__name__ == "Attention"  # the caller's model
+    assert not isinstance(model.model.layers[0].mlp, fp.FusedMLP)
+
+
+def test_engine_with_fused_projections_equals_batch_generator(tiny_model, stacked_calls) -> None:
+    model = _load(tiny_model, "qwen3")
+    expected = batch_generator_outputs(model, PROMPTS, 12, frozenset())
+    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, attention="folded+fused"))
+    try:
+        reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=12) for p in PROMPTS]
+        for handle, ref in zip(engine.submit_many(reqs), expected, strict=True):
+            got = [(e.token, e.logprobs) for e in handle]
+            assert [t for t, _ in got] == [t for t, _ in ref]
+            assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(got, ref, strict=True))
+    finally:
+        engine.close()
+    assert stacked_calls  # the batched decode went through the stacked matmuls
+
+
+def test_serve_takes_the_mode_and_refuses_an_unknown_architecture(tiny_model, tmp_path) -> None:
+    from mlxd.cli import build_parser
+    from mlxd.model import ModelLoadError
+    from mlxd.serve.main import make_state
+
+    def args(arch: str):
+        flags = ["--model", str(tiny_model(arch)), "--data-dir", str(tmp_path / arch)]
+        return build_parser().parse_args(["serve", *flags, "--batched-attention", "folded+fused"])
+
+    state = make_state(args("qwen3"))
+    try:
+        assert state.provider.default.engine.config.attention == "folded+fused"
+    finally:
+        state.provider.close()
+    with pytest.raises(ModelLoadError, match="this model is 'gemma3_text'"):
+        make_state(args("gemma3"))
