@@ -12,6 +12,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 from mlx_lm.models.activations import swiglu
 
 
@@ -91,3 +92,16 @@ def stacked_qkv(attn: Any) -> Stacked | None:
     """One matmul for an attention module's q, k and v projections, or None."""
     parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
     return Stacked(parts) if None not in parts and stackable(parts) else None
+
+
+def stacked_bytes(model: Any) -> int:
+    """The bytes `folded(model, fuse=True)` copies: what a memory budget must count twice."""
+    total = 0
+    for layer in model.model.layers:
+        groups = [[getattr(layer.self_attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]]
+        if fused_mlp(layer.mlp) is not layer.mlp:
+            groups.append([layer.mlp.gate_proj, layer.mlp.up_proj])
+        for g in groups:
+            if None not in g and stackable(g):
+                total += sum(v.nbytes for lin in g for _, v in tree_flatten(lin.parameters()))
+    return total

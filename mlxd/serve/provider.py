@@ -25,6 +25,7 @@ from ..model import ModelLoadError, load
 from ..model.default import DEFAULT_MODEL_NAME
 from ..model.folded_attention import is_folded
 from ..model.folded_attention import unsupported as unfoldable
+from ..model.fused_projections import stacked_bytes
 from ..model.resolve import resolve_model
 from .budget import kv_budget_from
 from .store import make_store
@@ -95,6 +96,8 @@ class ModelProvider:
         if is_folded(a.batched_attention) and (why := unfoldable(model)) is not None:
             raise ModelLoadError(f"{folder}: {why}")
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+        if a.batched_attention == "folded+fused":  # the stacked copies (fused_projections.py)
+            weights += stacked_bytes(model)
         kv_budget = kv_budget_from(a, weights)
         store, namespace = make_store(a, folder, adapter, kv_budget)
         engine = Engine(

@@ -148,14 +148,38 @@ def test_serve_takes_the_mode_and_refuses_an_unknown_architecture(tiny_model, tm
     from mlxd.model import ModelLoadError
     from mlxd.serve.main import make_state
 
-    def args(arch: str):
-        flags = ["--model", str(tiny_model(arch)), "--data-dir", str(tmp_path / arch)]
-        return build_parser().parse_args(["serve", *flags, "--batched-attention", "folded+fused"])
+    def args(arch: str, mode: str = "folded+fused"):
+        flags = ["--model", str(tiny_model(arch)), "--data-dir", str(tmp_path / arch / mode)]
+        flags += ["--memory-budget", "1GB", "--batched-attention", mode]
+        return build_parser().parse_args(["serve", *flags])
 
-    state = make_state(args("qwen3"))
-    try:
-        assert state.provider.default.engine.config.attention == "folded+fused"
-    finally:
-        state.provider.close()
+    budgets = {}
+    for mode in ("folded", "folded+fused"):
+        state = make_state(args("qwen3", mode))
+        try:
+            engine = state.provider.default.engine
+            assert engine.config.attention == mode
+            budgets[mode] = engine.kv_budget
+        finally:
+            state.provider.close()
+    copies = fp.stacked_bytes(_load(tiny_model, "qwen3"))
+    assert budgets["folded"] - budgets["folded+fused"] == copies  # the KV budget counts them
     with pytest.raises(ModelLoadError, match="this model is 'gemma3_text'"):
         make_state(args("gemma3"))
+
+
+def test_a_memory_budget_counts_the_stacked_copies(model) -> None:
+    """stacked_bytes is what folded(fuse=True) allocates beyond the model's own weights."""
+    from mlx.utils import tree_flatten
+
+    fused = fa.folded(model, fuse=True)
+    copies = [
+        a
+        for lay in fused.model.layers
+        for s in (lay.self_attn.qkv, getattr(lay.mlp, "_gate_up", None))
+        if s is not None
+        for a in s.arrays.values()
+    ]
+    assert fp.stacked_bytes(model) == sum(a.nbytes for a in copies) > 0
+    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    assert fp.stacked_bytes(model) < weights
