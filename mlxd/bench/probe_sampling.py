@@ -1,7 +1,8 @@
 """What sampling costs a batched step: BatchGenerator's decode step with greedy rows, with one
 sampler object shared by every row (one batched call), and with a sampler per row, as
-mlx_lm.server and mlxd build them for requests that carry a temperature (a slice, the filter
-chain and a draw per row, then a concatenate).
+mlx_lm.server builds them for requests that carry a temperature (a slice, the filter chain and
+a draw per row, then a concatenate), and with those per-row samplers drawn by mlxd's batched
+step (`batched`: engine/batch_sampling.py, the same tokens).
 
     python -m mlxd.bench.probe_sampling --shape qwen3-0.6b --rows 8 32 --context 512 --steps 64
 
@@ -17,9 +18,11 @@ import time
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import make_sampler
 
+from ..engine.batch_logits import BiasedGenerationBatch
+from ..engine.sampling import SamplingParams
 from .models import SHAPES, build_random, random_prompts
 
-KINDS = ("greedy", "shared", "per-row")
+KINDS = ("greedy", "shared", "per-row", "batched")
 
 
 def step_ms(model, prompts: list[list[int]], steps: int, kind: str, temp: float, top_p: float):
@@ -28,9 +31,13 @@ def step_ms(model, prompts: list[list[int]], steps: int, kind: str, temp: float,
     samplers = None
     if kind == "shared":
         samplers = [make_sampler(temp, top_p=top_p)] * B
-    elif kind == "per-row":
-        samplers = [make_sampler(temp, top_p=top_p) for _ in range(B)]
+    elif kind in ("per-row", "batched"):
+        params = SamplingParams(temp=temp, top_p=top_p)
+        samplers = [params.sampler() for _ in range(B)]  # mlx-lm's, one object per row
     gen = BatchGenerator(model, completion_batch_size=B, prefill_batch_size=B)
+    if kind == "batched":  # mlxd's step with the batched draw (engine/batch_sampling.py)
+        gen._generation_batch = BiasedGenerationBatch.empty(model, gen.sampler)
+        gen._generation_batch.batch_sampling = True
     gen.insert(prompts, max_tokens=[steps + 8] * B, samplers=samplers)
     gaps, last = [], None
     while gen.next_generated():

@@ -135,6 +135,14 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         "CUDA, where a clear costs ~0.13 s at 32 rows of an 8B model; on elsewhere; same bits)",
     )
     g.add_argument(
+        "--batched-sampling",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="sample batched rows whose samplers differ (every request with a temperature) in "
+        "a few batched calls, each row with its own draw: mlx-lm's tokens, tested on the CPU "
+        "(auto: on there; off on Metal and CUDA until run there)",
+    )
+    g.add_argument(
         "--cuda-graphs",
         choices=("on", "off"),
         default="on",

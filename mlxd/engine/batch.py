@@ -17,6 +17,7 @@ from ..model.folded_attention import folded, is_folded
 from ..store.layers import clone
 from .batch_logits import BiasedGenerationBatch
 from .batch_prompt import keep_buffers
+from .batch_sampling import default_on
 from .handle import RequestHandle
 from .output import RowOutput
 from .prefix import Plan, PrefixSharing
@@ -60,6 +61,7 @@ class BatchConfig:
     max_kv_size: int | None = None  # one size for every batched row (rotating caches)
     attention: str = "mlx"  # or folded(+fused): model/folded_attention.py (opt-in, bits on CUDA)
     clear_cache: bool = True  # mlx-lm's mx.clear_cache() after each prefill chunk (batch_prompt.py)
+    batch_sampling: bool | None = None  # rows' samplers in batched calls (None: where proven)
 
 
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:
@@ -99,7 +101,9 @@ class BatchedRows:
         if not config.clear_cache:
             keep_buffers(self.gen)
         # Every row joins this GenerationBatch (BatchGenerator extends it, never replaces it).
-        self.gen._generation_batch = BiasedGenerationBatch.empty(model, self.gen.sampler)
+        self.gen._generation_batch = gb = BiasedGenerationBatch.empty(model, self.gen.sampler)
+        on = config.batch_sampling
+        gb.batch_sampling = default_on() if on is None else on
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
         self.rows: dict[int, BatchedRow] = {}

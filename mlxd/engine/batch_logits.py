@@ -15,18 +15,8 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ..constrain.mask import apply_bitmask
-
-
-class LogitBias:
-    """mlx-lm's logit_bias processor (`make_logits_processors`), op for op, as an object the
-    batched step can recognise."""
-
-    def __init__(self, bias: dict[int, float]) -> None:
-        self.indices = mx.array(list(bias.keys()))
-        self.values = mx.array(list(bias.values()))
-
-    def __call__(self, _tokens: Any, logits: mx.array) -> mx.array:
-        return logits.at[:, self.indices].add(self.values)
+from .batch_sampling import sample_rows
+from .sampling import LogitBias
 
 
 def _kinds(processors: list[Any] | None) -> tuple[Any, Any] | None:
@@ -48,11 +38,12 @@ class BiasedGenerationBatch(GenerationBatch):
     _bias_of: tuple[Any, ...] = ()  # the LogitBias objects the scatter below was built from
     _bias: tuple[mx.array, mx.array, mx.array] | None = None
     _masker: Any = None
+    batch_sampling = False  # rows' different samplers in batched calls (batch_sampling.py)
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
         kinds = [_kinds(p) for p in self.logits_processors]
-        if not any(self.logits_processors) or any(k is None for k in kinds):
-            return super()._step()
+        if any(k is None for k in kinds) or not (any(self.logits_processors) or self._mixed()):
+            return super()._step()  # other processors, or nothing this step does otherwise
         biases = [k[0] for k in kinds]  # type: ignore[index]
         grammars = [k[1] for k in kinds]  # type: ignore[index]
         self._current_tokens = self._next_tokens
@@ -77,7 +68,7 @@ class BiasedGenerationBatch(GenerationBatch):
         ]
         if not samplers or all(s is samplers[0] for s in samplers):
             sampled = (samplers[0] if samplers else self.fallback_sampler)(logprobs)
-        else:
+        elif not self.batch_sampling or (sampled := sample_rows(samplers, logprobs)) is None:
             sampled = mx.concatenate(
                 [s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0
             )
@@ -89,6 +80,11 @@ class BiasedGenerationBatch(GenerationBatch):
         for history, token in zip(self.tokens, tokens, strict=True):
             history.append(token)
         return tokens, self._current_logprobs
+
+    def _mixed(self) -> bool:
+        """Rows hold different samplers and the batched draw is on."""
+        samplers = self.samplers or []
+        return self.batch_sampling and any(s is not samplers[0] for s in samplers)
 
     def _masks(self, inputs: mx.array, grammars: list[Any]) -> Any:
         """Feed each constrained row the token this step feeds the model, then fill all their

@@ -8,14 +8,27 @@ number of draws that sampler makes (computed on the CPU: no device sync in the s
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from .batch_logits import LogitBias
+from . import threefry
 from .rng import set_key
 
 Key = tuple[int, int]
+
+
+class LogitBias:
+    """mlx-lm's logit_bias processor (`make_logits_processors`), op for op, as an object the
+    batched step can recognise."""
+
+    def __init__(self, bias: dict[int, float]) -> None:
+        self.indices = mx.array(list(bias.keys()))
+        self.values = mx.array(list(bias.values()))
+
+    def __call__(self, _tokens: Any, logits: mx.array) -> mx.array:
+        return logits.at[:, self.indices].add(self.values)
 
 
 @dataclass
@@ -61,7 +74,9 @@ class SamplingParams:
         return 1 + (1 if self.xtc_probability > 0.0 else 0)
 
     def sampler(self) -> Callable[[mx.array], mx.array]:
-        return make_sampler(
+        """mlx-lm's sampler; with a temperature, inside a ParamSampler that names its
+        parameters (greedy stays mlx-lm's one shared function, which batches as it is)."""
+        inner = make_sampler(
             self.temp,
             self.top_p,
             self.min_p,
@@ -71,6 +86,7 @@ class SamplingParams:
             xtc_threshold=self.xtc_threshold,
             xtc_special_tokens=self.xtc_special_tokens,
         )
+        return inner if self.temp == 0 else ParamSampler(self, inner)
 
     def processors(self) -> list[Callable[[mx.array, mx.array], mx.array]]:
         """mlx-lm's processors in its order; the bias as a LogitBias, the same op, so that
@@ -89,6 +105,17 @@ class SamplingParams:
         )
 
 
+class ParamSampler:
+    """mlx-lm's sampler for `params`, called as it is; the batched step reads the parameters
+    to sample rows with equal ones together (engine/batch_sampling.py)."""
+
+    def __init__(self, params: SamplingParams, inner: Callable[[mx.array], mx.array]) -> None:
+        self.params, self.inner = params, inner
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return self.inner(logprobs)
+
+
 def seed_key(seed: int) -> Key:
     """The key `mx.random.seed(seed)` installs (mx.random.key: [seed >> 32, seed & 0xffffffff])."""
     seed &= (1 << 64) - 1
@@ -96,15 +123,11 @@ def seed_key(seed: int) -> Key:
 
 
 def advance(key: Key, draws: int) -> Key:
-    """The key after `draws` calls of MLX's KeySequence.next (split, keep the first half)."""
-    if draws == 0:
-        return key
-    with mx.stream(mx.cpu):
-        k = mx.array(list(key), dtype=mx.uint32)
-        for _ in range(draws):
-            k = mx.random.split(k)[0]
-        hi, lo = k.tolist()
-    return int(hi), int(lo)
+    """The key after `draws` calls of MLX's KeySequence.next (split, keep the first half),
+    computed on the host: no MLX op, no sync in the step."""
+    for _ in range(draws):
+        key = threefry.split(key)[0]
+    return key
 
 
 class KeyedSampler:

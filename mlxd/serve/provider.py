@@ -113,6 +113,7 @@ class ModelProvider:
                 a.prefill_step_size,
                 attention=a.batched_attention,
                 clear_cache=clears_cache(a.prefill_clear_cache),
+                batch_sampling={"on": True, "off": False}.get(a.batched_sampling),
             ),
             prefix_store=store,
             namespace=namespace,

@@ -94,5 +94,6 @@ def test_probe_sampling_times_greedy_shared_and_per_row_samplers(capsys) -> None
     cell = r" +[\d.]+"
     assert len(lines) == 1
     assert re.search(
-        rf"B= 2 L=    8: greedy{cell} \| shared{cell} \| per-row{cell} ms/step", lines[0]
+        rf"B= 2 L=    8: greedy{cell} \| shared{cell} \| per-row{cell} \| batched{cell} ms/step",
+        lines[0],
     )

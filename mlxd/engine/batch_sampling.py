@@ -1,0 +1,113 @@
+"""Rows with different samplers sampled in a few batched calls, each row with its own draw.
+
+When a batch's rows hold different sampler objects (every request with a temperature has its
+own), mlx-lm's GenerationBatch samples row by row: a slice, the filter chain and a
+`categorical` per row, then a concatenate, some 30 ops a row. On a one-row input MLX's
+`categorical` is an inverse-CDF draw: one uniform from the thread's key sequence, scaled by
+the row's weight sum, searched in the row's cumulative weights. Here rows with equal
+parameters run mlx-lm's filter chain and that draw together; only each row's uniform (drawn
+in row order, so the key sequence advances as mlx-lm's does) and its weight sum stay per row,
+as 1-D ops the same shape as mlx-lm's. On the CPU this gives mlx-lm's tokens and key state
+bit for bit (tests/engine/test_batch_sampling.py); on other backends it is opt-in until run
+there (`--batched-sampling`).
+"""
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, greedy_sampler
+
+from . import threefry
+from .rng import current_key, set_key
+from .sampling import KeyedSampler, ParamSampler, SamplingParams
+
+
+def default_on() -> bool:
+    """Where the batched draw is proven equal to mlx-lm's per-row one: MLX's CPU backend."""
+    return not (mx.metal.is_available() or mx.cuda.is_available())
+
+
+def _params(sampler: Any) -> SamplingParams | None | bool:
+    """The parameters behind a row's sampler; None for greedy; False if not ours to batch."""
+    inner = sampler.inner if isinstance(sampler, KeyedSampler) else sampler
+    if inner is greedy_sampler:
+        return None
+    if isinstance(inner, ParamSampler) and inner.params.xtc_probability == 0.0:
+        return inner.params
+    return False  # a user's sampler, or XTC's extra coin
+
+
+def sample_rows(samplers: list[Any], logprobs: mx.array) -> mx.array | None:
+    """Every row's next token as mlx-lm's per-row loop draws it, or None when a row's sampler
+    is one this cannot batch (a user's callable, XTC): the caller then runs mlx-lm's loop."""
+    found = [_params(s) for s in samplers]
+    if any(p is False for p in found):
+        return None
+    params: list[SamplingParams | None] = found  # type: ignore[assignment]
+    # The keys mlx-lm's loop would draw with, in row order, split on the host (threefry.py):
+    # a seeded row's KeyedSampler first installs its own key, and the thread keeps the last.
+    state, keys, drawn = current_key(), [], []
+    for e, (s, p) in enumerate(zip(samplers, params, strict=True)):
+        keyed = isinstance(s, KeyedSampler)
+        if keyed:
+            state = s.key
+        if p is not None:
+            state, k = threefry.split(state)
+            keys.append(k)
+            drawn.append(e)
+        if keyed:
+            s.key = state
+    set_key(state)
+    u = _uniforms(keys)
+    at = {e: i for i, e in enumerate(drawn)}  # a row's place in `u`
+    groups: dict[tuple, list[int]] = {}
+    for e, p in enumerate(params):
+        sig = None if p is None else (p.temp, p.top_p, p.min_p, p.min_tokens_to_keep, p.top_k)
+        groups.setdefault(sig, []).append(e)
+    order: list[int] = []
+    parts: list[mx.array] = []
+    for rows in groups.values():
+        x = logprobs[mx.array(rows)] if len(rows) < logprobs.shape[0] else logprobs
+        p = params[rows[0]]
+        if p is None:
+            parts.append(greedy_sampler(x))
+        else:
+            mine = [at[e] for e in rows]
+            ux = u if mine == list(range(len(keys))) else u[mx.array(mine)]
+            parts.append(_draw(_filtered(x, p), p.temp, ux))
+        order += rows
+    out = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+    if order == sorted(order):
+        return out
+    return out[mx.argsort(mx.array(order))]
+
+
+def _uniforms(keys: list[tuple[int, int]]) -> mx.array:
+    """One uniform per key, as `categorical` draws it on a one-row input: shape (n, 1)."""
+    if not keys:
+        return mx.zeros((0, 1))
+    one = mx.vmap(lambda k: mx.random.uniform(shape=(1,), key=k))
+    return one(mx.array(keys, dtype=mx.uint32))
+
+
+def _filtered(x: mx.array, p: SamplingParams) -> mx.array:
+    """make_sampler's filter chain, in its order, over the group's rows."""
+    if 0 < p.top_p < 1.0:
+        x = apply_top_p(x, p.top_p)
+    if p.min_p != 0.0:
+        x = apply_min_p(x, p.min_p, p.min_tokens_to_keep)
+    if p.top_k > 0:
+        x = apply_top_k(x, p.top_k)
+    return x
+
+
+def _draw(logits: mx.array, temp: float, uniforms: mx.array) -> mx.array:
+    """categorical_sampling (`categorical(logits * (1 / temp))`) row by row, as one inverse-CDF
+    draw over the rows: MLX's categorical_inverse_cdf with the search as a count."""
+    x = (logits * (1.0 / temp)).astype(mx.float32)
+    m = x.max(axis=-1, keepdims=True)
+    w = mx.where(mx.isinf(m), (x == m).astype(mx.float32), mx.exp(x - m))
+    cdf = mx.cumsum(w, axis=-1, reverse=False, inclusive=False)
+    totals = mx.stack([w[i].sum() for i in range(w.shape[0])])  # 1-D sums, as MLX's per row
+    u = uniforms * totals[:, None]
+    return (cdf <= u).sum(axis=-1).astype(mx.uint32) - mx.array(1, mx.uint32)

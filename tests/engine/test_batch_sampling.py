@@ -1,0 +1,152 @@
+"""Batched rows with different samplers drawn in a few batched calls (engine/batch_sampling.py):
+each row's token, every seeded row's key and the thread's key afterwards equal mlx-lm's
+per-row loop (GenerationBatch._step: a sampler call per one-row slice), bit for bit."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.sample_utils import make_sampler
+
+from mlxd.engine import batch_sampling as bs
+from mlxd.engine.batch import BatchConfig
+from mlxd.engine.batch_logits import BiasedGenerationBatch
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+from mlxd.engine.rng import current_key, set_key
+from mlxd.engine.sampling import KeyedSampler, SamplingParams, seed_key
+
+MIX = [
+    SamplingParams(temp=0.7, top_p=0.95),
+    SamplingParams(),  # greedy between sampled rows
+    SamplingParams(temp=0.7, top_p=0.95),  # equal to row 0: one group
+    SamplingParams(temp=1.3),
+    SamplingParams(temp=0.9, min_p=0.05, min_tokens_to_keep=3),
+    SamplingParams(temp=0.6, top_k=20, top_p=0.8),
+]
+
+
+def _samplers(seeds: list[int | None]) -> list:
+    """Each row's sampler as the engine builds it: its own object, keyed when seeded."""
+    out = []
+    for p, seed in zip(MIX, seeds, strict=True):
+        s = p.sampler()
+        out.append(s if seed is None else KeyedSampler(s, seed_key(seed), p.draws))
+    return out
+
+
+def _per_row(samplers: list, logprobs: mx.array) -> mx.array:
+    return mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)], axis=0)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+@pytest.mark.parametrize("vocab", [1000, 151936])
+@pytest.mark.parametrize("seeds", [[None] * 6, [None, 11, None, None, 12, None]])
+def test_batched_draws_equal_mlx_lms_per_row_loop(dtype, vocab: int, seeds: list) -> None:
+    for step in range(4 if vocab < 10_000 else 1):
+        mx.random.seed(100 + step)
+        logits = (mx.random.normal((len(MIX), vocab)) * 4).astype(dtype)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        ref_samplers, got_samplers = _samplers(seeds), _samplers(seeds)
+        set_key((7, step))
+        ref = _per_row(ref_samplers, logprobs)
+        ref_key = current_key()
+        set_key((7, step))
+        got = bs.sample_rows(got_samplers, logprobs)
+        assert got is not None and got.dtype == ref.dtype and got.shape == ref.shape
+        assert got.tolist() == ref.tolist()
+        assert current_key() == ref_key  # the next step's draws start from the same key
+        keys = [(s.key if isinstance(s, KeyedSampler) else None) for s in got_samplers]
+        assert keys == [(s.key if isinstance(s, KeyedSampler) else None) for s in ref_samplers]
+
+
+def test_a_sampler_it_cannot_batch_leaves_the_step_to_mlx_lm() -> None:
+    logprobs = mx.zeros((2, 16))
+    xtc = SamplingParams(temp=0.7, xtc_probability=0.5).sampler()
+    assert bs.sample_rows([MIX[0].sampler(), xtc], logprobs) is None
+    assert bs.sample_rows([MIX[0].sampler(), make_sampler(0.7)], logprobs) is None  # a callable
+
+
+def _load(tiny_model: Callable[..., Path]):
+    from mlx_lm import load
+
+    return load(str(tiny_model("qwen3")))
+
+
+PROMPTS = ["Tell me a story", "The sea is", "One two three four", "Hello", "x y z", "A cat"]
+
+
+def _engine_run(model, tok, on: bool) -> list[list[tuple[int, mx.array]]]:
+    """Every row seeded: the engine thread's own key would make unseeded rows differ by run."""
+    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, batch_sampling=on))
+    try:
+        reqs = [
+            GenerationRequest(
+                prompt=mx.array(tok.encode(t)), max_tokens=10, sampling=p, seed=40 + e
+            )
+            for e, (t, p) in enumerate(zip(PROMPTS, MIX, strict=True))
+        ]
+        runs = [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
+        assert engine.paths == {"batched": len(MIX)}
+        return runs
+    finally:
+        engine.close()
+
+
+def _same(a, b) -> bool:
+    return all(
+        [t for t, _ in x] == [t for t, _ in y]
+        and all(mx.array_equal(p, q).item() for (_, p), (_, q) in zip(x, y, strict=True))
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_the_engine_samples_seeded_rows_as_the_per_row_loop(tiny_model, monkeypatch) -> None:
+    model, tok = _load(tiny_model)
+    calls: list[int] = []
+    real = bs.sample_rows
+    monkeypatch.setattr(
+        "mlxd.engine.batch_logits.sample_rows", lambda s, lp: calls.append(1) or real(s, lp)
+    )
+    batched = _engine_run(model, tok, True)
+    assert calls  # the batched draw ran
+    n = len(calls)
+    assert _same(batched, _engine_run(model, tok, False))
+    assert len(calls) == n  # and the per-row loop did not use it
+
+
+def _generator_run(model, prompts: list[list[int]], on: bool | None):
+    """BatchGenerator with each row's own sampler from one thread key; `on` swaps in mlxd's
+    step (as BatchedRows does), with or without the batched draw; None: mlx-lm's own step."""
+    mx.random.seed(3)
+    gen = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
+    if on is not None:
+        gen._generation_batch = BiasedGenerationBatch.empty(model, gen.sampler)
+        gen._generation_batch.batch_sampling = on
+    uids = gen.insert(prompts, max_tokens=[10] * len(prompts), samplers=[p.sampler() for p in MIX])
+    out: dict[int, list] = {u: [] for u in uids}
+    while responses := gen.next_generated():
+        for r in responses:
+            out[r.uid].append((r.token, r.logprobs))
+    gen.close()
+    return [out[u] for u in uids]
+
+
+def test_unseeded_rows_equal_batch_generator_with_per_row_samplers(tiny_model, monkeypatch) -> None:
+    model, tok = _load(tiny_model)
+    prompts = [tok.encode(t) for t in PROMPTS]
+    expected = _generator_run(model, prompts, None)
+    calls: list[int] = []
+    real = bs.sample_rows
+    monkeypatch.setattr(
+        "mlxd.engine.batch_logits.sample_rows", lambda s, lp: calls.append(1) or real(s, lp)
+    )
+    assert _same(_generator_run(model, prompts, True), expected)
+    assert len(calls) == 10  # every decode step after the prefill (the last one runs ahead)
+    assert not _same(_generator_run(model, prompts[::-1], True)[::-1], expected)  # keys matter
+
+
+def test_the_default_is_on_only_where_the_bits_were_proven() -> None:
+    assert bs.default_on() == (not (mx.metal.is_available() or mx.cuda.is_available()))
