@@ -58,16 +58,19 @@ class Workload:
     tasks: list[str]  # the first user message of each agent
     followups: list[list[str]]  # per agent: the user messages of turns 2..T
     banned: list[int]
+    temperature: float = 0.0  # > 0: each agent samples (its own sampler on either server)
+    top_p: float = 1.0
 
     def body(self, messages: list[dict[str, str]]) -> dict[str, Any]:
-        return {
+        body = {
             "messages": messages,
             "max_tokens": self.max_tokens,
-            "temperature": 0.0,
+            "temperature": self.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
             "logit_bias": {str(t): BAN for t in self.banned},
         }
+        return body | ({"top_p": self.top_p} if self.top_p != 1.0 else {})
 
 
 def build_workload(
@@ -78,6 +81,8 @@ def build_workload(
     system_tokens: int,
     seed: str,
     banned: list[int],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
 ) -> Workload:
     """`seed` names the run (e.g. "0:n8:r0"): distinct per N and round, so that no prompt cache
     carries a system prompt from one run into the next."""
@@ -88,7 +93,7 @@ def build_workload(
         [f"Turn {t + 2}: go on with {' '.join(words(rng, 12))}" for t in range(turns - 1)]
         for _ in range(agents)
     ]
-    return Workload(agents, turns, max_tokens, system, tasks, followups, banned)
+    return Workload(agents, turns, max_tokens, system, tasks, followups, banned, temperature, top_p)
 
 
 # Connection attempts per request: mlx_lm.server's listen backlog is socketserver's 5, so

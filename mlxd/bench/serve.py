@@ -56,6 +56,8 @@ def bench_command(args: Any, model: Path) -> str:
     parts += [f"--batch {args.batch}"] if args.batch_given else []
     parts += [f"--seed {args.seed}"] if args.seed else []
     parts += [f"--warmup {args.warmup}"] if getattr(args, "warmup", 0) else []
+    parts += [f"--temperature {args.temperature}"] if getattr(args, "temperature", 0.0) else []
+    parts += [f"--top-p {args.top_p}"] if getattr(args, "top_p", 1.0) != 1.0 else []
     parts += [f"--only {args.only}"] if args.only else []
     for flag, value in (("--mlxd-args", args.mlxd_args), ("--mlx-lm-args", args.mlx_lm_args)):
         parts += [f"{flag} {shlex.quote(value)}"] if value else []
@@ -137,13 +139,16 @@ def run_serve(args: Any) -> int:
     tok, eos = load_tokenizer(model)
     banned = banned_tokens(model, eos)
     shape = (args.turns, args.max_tokens, args.system_tokens)
+    sampling = (getattr(args, "temperature", 0.0), getattr(args, "top_p", 1.0))
     wls = {
-        (n, r): build_workload(tok, n, *shape, f"{args.seed}:n{n}:r{r}", banned)
+        (n, r): build_workload(tok, n, *shape, f"{args.seed}:n{n}:r{r}", banned, *sampling)
         for n in args.agents
         for r in range(args.rounds)
     }
     if getattr(args, "warmup", 0):
-        warm = build_workload(tok, args.warmup, 2, 32, args.system_tokens, f"{args.seed}:w", banned)
+        warm = build_workload(
+            tok, args.warmup, 2, 32, args.system_tokens, f"{args.seed}:w", banned, *sampling
+        )
         wls["warmup", 0] = warm
     sides = [s for s in SIDES if args.only in (None, LABEL[s])]
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mlxd-bench-serve-"))

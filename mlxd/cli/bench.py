@@ -107,7 +107,7 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
         "all at once, against an mlxd server and an mlx_lm.server on the same model (one after "
         "the other): output tok/s, TTFT and inter-chunk latency p50 / p99, peak RSS.",
     )
-    w = s.add_argument_group("workload (greedy; EOS and control tokens banned by logit_bias)")
+    w = s.add_argument_group("workload (greedy by default; EOS and control tokens banned)")
     w.add_argument("--model", default=None, help="local MLX model folder (default: embedded)")
     w.add_argument("--agents", type=_agents, default=[1, 8, 32], help="N values (default 1,8,32)")
     w.add_argument("--turns", type=int, default=4, help="turns per agent (default 4)")
@@ -125,6 +125,12 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
         "compiles kernels and cuDNN graphs on first use); 0: none",
     )
     w.add_argument("--seed", type=int, default=0, help="seed of the prompt words")
+    w.add_argument(
+        "--temperature", type=float, default=0.0,
+        help="every request's temperature (default 0: greedy); > 0 gives each agent its own "
+        "sampler on both servers, the per-row sampling case",
+    )  # fmt: skip
+    w.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (default 1)")
     v = s.add_argument_group("servers")
     v.add_argument("--batch", type=int, default=None, help="mlxd --batch (default: max N)")
     v.add_argument("--mlxd-args", default="", help="extra flags for mlxd serve, one string")
@@ -167,7 +173,7 @@ def _prefix_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentPars
         "TTFT with a stored system prompt vs cold; (restart) TTFT restored from --ssd-cache after "
         "a restart vs a re-prefill; (fleet) bench serve's agent fleet with the store on and off.",
     )
-    w = s.add_argument_group("workload (greedy; EOS and control tokens banned by logit_bias)")
+    w = s.add_argument_group("workload (greedy by default; EOS and control tokens banned)")
     w.add_argument("--model", default=None, help="local MLX model folder (default: embedded)")
     w.add_argument(
         "--sections", type=_sections, default=["agents", "restart", "fleet"],

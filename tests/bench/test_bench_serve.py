@@ -130,6 +130,10 @@ def test_prompt_words_are_deterministic_and_just_long_enough() -> None:
     assert len(set(a.tasks)) == 3 and [len(f) for f in a.followups] == [1, 1, 1]
     body = a.body([{"role": "user", "content": "x"}])
     assert body["logit_bias"] == {"7": -1e4} and body["stream_options"] == {"include_usage": True}
+    assert body["temperature"] == 0.0 and "top_p" not in body  # greedy, as in earlier runs
+    hot = build_workload(tok, 3, 2, 8, 100, "0:n3:r0", [7], 0.7, 0.95)
+    assert hot.system == a.system  # the same prompts, sampled
+    assert hot.body([])["temperature"] == 0.7 and hot.body([])["top_p"] == 0.95
 
 
 @pytest.mark.parametrize("agents", ["0,2", "a", ""])

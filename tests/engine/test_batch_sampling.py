@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from mlxd.engine import batch_sampling as bs
 from mlxd.engine.batch import BatchConfig
@@ -16,7 +16,7 @@ from mlxd.engine.batch_logits import BiasedGenerationBatch
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.engine.rng import current_key, set_key
-from mlxd.engine.sampling import KeyedSampler, SamplingParams, seed_key
+from mlxd.engine.sampling import KeyedSampler, LogitBias, SamplingParams, seed_key
 
 MIX = [
     SamplingParams(temp=0.7, top_p=0.95),
@@ -117,15 +117,23 @@ def test_the_engine_samples_seeded_rows_as_the_per_row_loop(tiny_model, monkeypa
     assert len(calls) == n  # and the per-row loop did not use it
 
 
-def _generator_run(model, prompts: list[list[int]], on: bool | None):
+def _generator_run(model, prompts: list[list[int]], on: bool | None, bias: dict | None = None):
     """BatchGenerator with each row's own sampler from one thread key; `on` swaps in mlxd's
-    step (as BatchedRows does), with or without the batched draw; None: mlx-lm's own step."""
+    step (as BatchedRows does), with or without the batched draw; None: mlx-lm's own step.
+    `bias`: every row's logit_bias, as mlxd's LogitBias or mlx-lm's own processor."""
     mx.random.seed(3)
     gen = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
     if on is not None:
         gen._generation_batch = BiasedGenerationBatch.empty(model, gen.sampler)
         gen._generation_batch.batch_sampling = on
-    uids = gen.insert(prompts, max_tokens=[10] * len(prompts), samplers=[p.sampler() for p in MIX])
+    procs = None
+    if bias:
+        make = (lambda: [LogitBias(bias)]) if on else (lambda: make_logits_processors(bias))
+        procs = [make() for _ in prompts]
+    uids = gen.insert(
+        prompts, max_tokens=[10] * len(prompts), samplers=[p.sampler() for p in MIX],
+        logits_processors=procs,
+    )  # fmt: skip
     out: dict[int, list] = {u: [] for u in uids}
     while responses := gen.next_generated():
         for r in responses:
@@ -146,6 +154,16 @@ def test_unseeded_rows_equal_batch_generator_with_per_row_samplers(tiny_model, m
     assert _same(_generator_run(model, prompts, True), expected)
     assert len(calls) == 10  # every decode step after the prefill (the last one runs ahead)
     assert not _same(_generator_run(model, prompts[::-1], True)[::-1], expected)  # keys matter
+
+
+def test_with_logit_biases_too(tiny_model) -> None:
+    """The agent-fleet case: every row bans ids (one scatter) and samples with its own sampler."""
+    model, tok = _load(tiny_model)
+    prompts = [tok.encode(t) for t in PROMPTS]
+    bias = {5: -100.0, 17: -100.0, 151645: -100.0}
+    expected = _generator_run(model, prompts, None, bias)
+    assert _same(_generator_run(model, prompts, True, bias), expected)
+    assert not _same(_generator_run(model, prompts, True), expected)  # the biases applied
 
 
 def test_the_default_is_on_only_where_the_bits_were_proven() -> None:
