@@ -7,6 +7,7 @@ its own so that no prompt cache carries over from one N to the next."""
 import asyncio
 import json
 import shlex
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -59,6 +60,7 @@ def bench_command(args: Any, model: Path) -> str:
     parts += [f"--temperature {args.temperature}"] if getattr(args, "temperature", 0.0) else []
     parts += [f"--top-p {args.top_p}"] if getattr(args, "top_p", 1.0) != 1.0 else []
     parts += [f"--only {args.only}"] if args.only else []
+    parts += ["--baseline"] if getattr(args, "baseline", False) else []
     for flag, value in (("--mlxd-args", args.mlxd_args), ("--mlx-lm-args", args.mlx_lm_args)):
         parts += [f"{flag} {shlex.quote(value)}"] if value else []
     return " ".join(parts)
@@ -166,15 +168,45 @@ def run_serve(args: Any) -> int:
     for side in sides:
         result["sides"][side] = run_side(side, args, model, wls, log_dir)
         save_json(result, args)
+    if getattr(args, "baseline", False):
+        result["baseline"] = run_baseline(args, model)
     result["summary"] = summarize(result, args.agents)
     save_json(result, args)
-    table = markdown(result)
+    table = markdown(result) + baseline_line(result)
     if args.markdown:
         Path(args.markdown).write_text(table)
     if args.plot:
         plot(result, args.plot)
     print(table, flush=True)
     return _verdict(result)
+
+
+def run_baseline(args: Any, model: Path) -> dict[str, Any]:
+    """mlx-lm's generate_step alone (bench/raw_step.py, its own process, after the servers) on
+    a prompt the size of an agent's first turn: the bound for a lone agent's ITL."""
+    cmd = [sys.executable, "-m", "mlxd.bench.raw_step", "--model", str(model)]
+    cmd += ["--prompt-tokens", str(args.system_tokens + 40), "--gen-tokens", str(args.max_tokens)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        return {"command": cmd, "error": done.stderr[-2000:]}
+    return {"command": cmd} | json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def baseline_line(result: dict[str, Any]) -> str:
+    """One agent's ITL p50 through each server against generate_step's (issue 6, point 1)."""
+    base, one = result.get("baseline"), result.get("summary", {}).get("1")
+    if not base or "itl_p50_ms" not in base or one is None:
+        return ""
+    cells = [
+        f"{LABEL[side]} {one[side]['itl_p50_ms']['median']:.2f} ms = "
+        f"{one[side]['itl_p50_ms']['median'] / base['itl_p50_ms']:.3f}x"
+        for side in SIDES
+        if side in one and one[side].get("itl_p50_ms")
+    ]
+    return (
+        f"\n1 agent, ITL p50 against mlx-lm generate_step alone ({base['itl_p50_ms']:.2f} ms, "
+        f"{base['prompt_tokens']}-token prompt): " + "; ".join(cells) + "\n"
+    )
 
 
 def save_json(result: dict[str, Any], args: Any) -> None:

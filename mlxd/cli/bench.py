@@ -137,6 +137,11 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
     v.add_argument("--mlx-lm-args", default="", help="extra flags for mlx_lm.server, one string")
     v.add_argument("--only", choices=("mlxd", "mlx-lm"), default=None, help="run one side")
     v.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to ready")
+    v.add_argument(
+        "--baseline", action="store_true",
+        help="after the servers, mlx-lm's generate_step alone on a first-turn-sized prompt: "
+        "the 1-agent ITL is reported against it (python -m mlxd.bench.raw_step)",
+    )  # fmt: skip
     o = s.add_argument_group("output")
     o.add_argument("--json", default=None, metavar="OUT", help="every raw number")
     o.add_argument("--markdown", default=None, metavar="OUT.md", help="the table")

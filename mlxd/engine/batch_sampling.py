@@ -5,11 +5,11 @@ own), mlx-lm's GenerationBatch samples row by row: a slice, the filter chain and
 `categorical` per row, then a concatenate, some 30 ops a row. On a one-row input MLX's
 `categorical` is an inverse-CDF draw: one uniform from the thread's key sequence, scaled by
 the row's weight sum, searched in the row's cumulative weights. Here rows with equal
-parameters run mlx-lm's filter chain and that draw together; only each row's uniform (drawn
-in row order, so the key sequence advances as mlx-lm's does) and its weight sum stay per row,
-as 1-D ops the same shape as mlx-lm's. On the CPU this gives mlx-lm's tokens and key state
-bit for bit (tests/engine/test_batch_sampling.py); on other backends it is opt-in until run
-there (`--batched-sampling`).
+parameters run mlx-lm's filter chain and that draw together. Each row's key is split on the
+host in row order, as mlx-lm's loop advances the key sequence, and all uniforms come from one
+vmapped op; only each row's weight sum stays a per-row op, the same 1-D reduction as MLX's.
+On the CPU this gives mlx-lm's tokens and keys bit for bit (tests/engine/test_batch_sampling.py);
+elsewhere it is opt-in until those tests have run there (`--batched-sampling`).
 """
 
 from typing import Any

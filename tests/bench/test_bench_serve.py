@@ -21,11 +21,12 @@ def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[...,
     argv += ["--turns", str(TURNS), "--max-tokens", str(MAX_TOKENS), "--system-tokens", "200"]
     argv += ["--json", str(out), "--markdown", str(md), "--plot", str(png)]
     argv += ["--warmup", "1", "--mlxd-args", "--batched-attention folded"]
+    argv += ["--temperature", "0.8", "--baseline"]  # sampled agents; generate_step alone after
     main([*argv, "--log-dir", str(tmp_path / "logs")])  # returns normally: no failed request
     result = json.loads(out.read_text())
     assert set(result["sides"]) == {"mlx_lm", "mlxd"}
     assert "--batched-attention" in result["sides"]["mlxd"]["command"]
-    assert "--warmup 1" in result["command"]
+    assert "--warmup 1" in result["command"] and "--temperature 0.8" in result["command"]
     # <|im_end|> is the tiny model's EOS; the other added tokens are control markers.
     assert 151645 in result["eos_ids"] and 151645 in result["banned_token_ids"]
     for side, data in result["sides"].items():
@@ -60,6 +61,11 @@ def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[...,
     table = md.read_text()
     assert "| 2 | mlxd |" in table and "| 2 | mlx-lm |" in table and "mlxd/mlx-lm" in table
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    base = result["baseline"]
+    assert base["prompt_tokens"] == 240 and base["gen_tokens"] == MAX_TOKENS
+    assert base["itl_p50_ms"] > 0 and len(base["round_p50_ms"]) == 3
+    assert "1 agent, ITL p50 against mlx-lm generate_step alone" in table
+    assert "mlxd " in table.rsplit("generate_step alone", 1)[1]
 
 
 def _req(ttft: float, chunks: list[float], tokens: int, error: str | None = None) -> dict:
@@ -116,6 +122,21 @@ class CharTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
+
+
+def test_the_baseline_line_puts_each_servers_lone_agent_against_generate_step() -> None:
+    from mlxd.bench.serve import baseline_line
+
+    one = {
+        "mlxd": {"itl_p50_ms": {"median": 10.5}},
+        "mlx_lm": {"itl_p50_ms": {"median": 21.0}},
+    }
+    result = {"baseline": {"itl_p50_ms": 10.0, "prompt_tokens": 3640}, "summary": {"1": one}}
+    line = baseline_line(result)
+    assert "(10.00 ms, 3640-token prompt)" in line
+    assert "mlxd 10.50 ms = 1.050x" in line and "mlx-lm 21.00 ms = 2.100x" in line
+    assert baseline_line({"summary": {"1": one}}) == ""  # no baseline run
+    assert baseline_line({"baseline": {"error": "x"}, "summary": {"1": one}}) == ""
 
 
 def test_prompt_words_are_deterministic_and_just_long_enough() -> None:

@@ -1,0 +1,62 @@
+"""mlx-lm's `generate_step` alone on a fleet agent's first turn: the bound that a lone agent's
+inter-token latency through a server is measured against (issue 6, point 1: mlxd serve's
+ITL <= 1.05x generate_step's on the same machine).
+
+    python -m mlxd.bench.raw_step --model M --prompt-tokens 3630 --gen-tokens 256 --rounds 3
+
+A random prompt of `--prompt-tokens` ids (seeded), greedy, `--gen-tokens` tokens; the ITL is
+the gap between tokens as the caller receives them, pooled over rounds after one of warm-up,
+as `mlxd bench serve` pools the gaps between streamed chunks. Prints one JSON line.
+`mlxd bench serve --baseline` runs this in its own process after the servers.
+"""
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+import mlx.core as mx
+
+
+def run(model_path: str, prompt_tokens: int, gen_tokens: int, rounds: int) -> dict:
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    model, tok = load(model_path)
+    rng = random.Random(0)
+    vocab = getattr(getattr(model, "args", None), "vocab_size", None) or len(tok.vocab)
+    gaps: list[float] = []
+    per_round: list[float] = []
+    for r in range(rounds + 1):  # round 0 warms up (kernels, allocator)
+        prompt = mx.array([rng.randrange(1, vocab) for _ in range(prompt_tokens)])
+        stamps = []
+        for _ in generate_step(prompt, model, max_tokens=gen_tokens):
+            stamps.append(time.perf_counter())
+        mine = [1e3 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False)]
+        if r > 0:
+            gaps += mine
+            per_round.append(statistics.median(mine))
+        mx.clear_cache()
+    return {
+        "itl_p50_ms": statistics.median(gaps),
+        "itl_p10_ms": statistics.quantiles(gaps, n=10)[0],
+        "round_p50_ms": per_round,
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens,
+        "rounds": rounds,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt-tokens", type=int, default=3630)
+    p.add_argument("--gen-tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args(argv)
+    print(json.dumps(run(a.model, a.prompt_tokens, a.gen_tokens, a.rounds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
