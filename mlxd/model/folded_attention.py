@@ -48,9 +48,10 @@ def folded(model: nn.Module, align: int | None = None, fuse: bool = False) -> nn
     shadow = copy.copy(model)
     inner = copy.copy(model.model)
     layers = []
+    masks = AlignedMasks()  # one per model: every layer of a step gets the same mask
     for layer in model.model.layers:
         twin = copy.copy(layer)
-        twin.self_attn = FoldedAttention(layer.self_attn, align)
+        twin.self_attn = FoldedAttention(layer.self_attn, align, masks)
         if fuse:
             twin.self_attn.qkv = stacked_qkv(layer.self_attn)
             twin.mlp = fused_mlp(layer.mlp)
@@ -83,7 +84,26 @@ def key_alignment() -> int:
     return 8 if mx.cuda.is_available() else 1
 
 
-def _aligned(align: int, cache: Any, k: mx.array, v: mx.array, mask: mx.array):
+class AlignedMasks:
+    """The step's mask padded to the aligned key count, built once per step: the model hands
+    every layer the same mask array, so the first layer's padding serves the rest."""
+
+    def __init__(self) -> None:
+        self._of: mx.array | None = None  # held, so compared by identity
+        self._n = 0
+        self._padded: mx.array | None = None
+        self.built = 0  # padded masks built (tests: one per step, not one per layer)
+
+    def padded(self, mask: mx.array, n: int) -> mx.array:
+        if mask is not self._of or n != self._n:
+            pad = mx.zeros((*mask.shape[:-1], n - mask.shape[-1]), mx.bool_)
+            self._of, self._n = mask, n
+            self._padded = mx.concatenate([mask, pad], axis=-1)
+            self.built += 1
+        return self._padded  # type: ignore[return-value]
+
+
+def _aligned(align: int, cache: Any, k: mx.array, v: mx.array, mask: mx.array, masks: Any):
     """Keys and values up to the next multiple of `align` from the cache's buffer, the extra
     positions masked out (their weights are exactly 0, whatever the buffer holds there)."""
     L = k.shape[2]
@@ -91,8 +111,7 @@ def _aligned(align: int, cache: Any, k: mx.array, v: mx.array, mask: mx.array):
     buf = getattr(cache, "keys", None)
     if n == L or not isinstance(buf, mx.array) or buf.shape[2] < n or mask.dtype != mx.bool_:
         return k, v, mask
-    mask = mx.concatenate([mask, mx.zeros((*mask.shape[:-1], n - L), mx.bool_)], axis=-1)
-    return buf[..., :n, :], cache.values[..., :n, :], mask
+    return buf[..., :n, :], cache.values[..., :n, :], masks.padded(mask, n)
 
 
 def _foldable(x: mx.array, mask: Any, cache: Any) -> bool:
@@ -107,10 +126,11 @@ def _foldable(x: mx.array, mask: Any, cache: Any) -> bool:
 class FoldedAttention(nn.Module):
     """Wraps one layer's attention: the same projections, norms and RoPE, folded attention."""
 
-    def __init__(self, inner: nn.Module, align: int = 1) -> None:
+    def __init__(self, inner: nn.Module, align: int = 1, masks: Any = None) -> None:
         super().__init__()
         self.inner = inner
         self.align = align
+        self.masks = masks if masks is not None else AlignedMasks()
         self.qkv: Stacked | None = None  # set by folded(fuse=True) where the layers stack
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
@@ -127,6 +147,6 @@ class FoldedAttention(nn.Module):
         q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
         if self.align > 1:
-            k, v, mask = _aligned(self.align, cache, k, v, mask)
+            k, v, mask = _aligned(self.align, cache, k, v, mask, self.masks)
         out = attention(q, k, v, a.scale, mask)
         return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))

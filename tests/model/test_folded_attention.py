@@ -114,6 +114,9 @@ def test_aligned_keys_are_masked_out_exactly(model, monkeypatch) -> None:
     aligned = fa.folded(model, align=8)
     clean = _decode_poisoned(aligned, 6, [0, 4, 9], None)
     assert lengths and all(n % 8 == 0 for n in lengths)  # 12..17 keys read as 16 or 24
+    masks = {id(layer.self_attn.masks) for layer in aligned.model.layers}
+    assert len(masks) == 1  # one padded mask per step, shared by the layers
+    assert 0 < aligned.model.layers[0].self_attn.masks.built <= 6
     poisoned = _decode_poisoned(aligned, 6, [0, 4, 9], 1000.0)
     assert mx.array_equal(clean, poisoned).item()
     plain = _decode_poisoned(fa.folded(model, align=1), 6, [0, 4, 9], 1000.0)
