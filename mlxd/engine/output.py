@@ -43,6 +43,7 @@ class RowOutput:
         self.stops = StopSequences(singles + [list(s) for s in req.stop_sequences if s])
         self.matcher = self.stops.matcher()
         self.detok = tokenizer.detokenizer if tokenizer is not None else None
+        self.flushed = False
         self.count = 0
         self.times = {"submitted": submitted, "admitted": time.perf_counter()}
 
@@ -59,6 +60,8 @@ class RowOutput:
         reason = "stop" if stop else None
         if reason is None and self.count == self.req.max_tokens:
             reason = "length"
+        if reason is not None:  # the detokenizer's last flush rides on the finishing token,
+            text += self._flush()  # so a server sends it before the row's cache is stored
         event = TokenEvent(token, logprobs, text, reason)
         if self.req.logprob:
             event.logprob = logprobs[token].item()
@@ -66,11 +69,16 @@ class RowOutput:
             event.top_logprobs = top_k(logprobs, k)
         return event, reason
 
+    def _flush(self) -> str:
+        """The detokenizer's remaining text, once (finalize, then its last segment)."""
+        if self.detok is None or self.flushed:
+            return ""
+        self.flushed = True
+        self.detok.finalize()
+        return self.detok.last_segment
+
     def done(self, reason: str, error: BaseException | None = None) -> DoneEvent:
-        text = ""
-        if self.detok is not None and error is None:
-            self.detok.finalize()
-            text = self.detok.last_segment
+        text = self._flush() if error is None else ""
         t = self.times
         t["finished"] = time.perf_counter()
         first = t.get("first_token", t["finished"])

@@ -122,14 +122,16 @@ class Generation:
 
     async def _one(self, index: int, handle: RequestHandle) -> AsyncIterator[Chunk]:
         text = self._choice(index)
-        last = None  # the finishing token waits for the detokenizer's final flush
+        last = None  # the finishing token (its text holds the detokenizer's final flush)
         count = 0
         async for ev in handle:
             self._stamp()
             count += 1
             info = TokenInfo(ev.token, ev.logprob, ev.top_logprobs)
-            if ev.finish is not None:
-                last = (ev, info)
+            if ev.finish is not None:  # sent now, not after the row's cache is stored
+                last = ev
+                yield Chunk(index, text.feed(ev.text, ev.finish), [info], False,
+                            text.finish_reason(ev.finish))  # fmt: skip
                 continue
             delta = text.feed(ev.text, None)
             if text.stopped:  # a stop word appeared in the text: the row ends here
@@ -144,11 +146,7 @@ class Generation:
         self.usage.completion_tokens += done.completion_tokens
         self.usage.cached_tokens = max(self.usage.cached_tokens, handle.cached_tokens)
         self.finish_reasons.append(done.reason)
-        if last is not None:
-            ev, info = last
-            delta = text.feed(ev.text + done.text, ev.finish)
-            yield Chunk(index, delta, [info], False, text.finish_reason(ev.finish))
-        elif done.reason in ("stop", "length"):
+        if last is None and done.reason in ("stop", "length"):
             yield Chunk(index, text.feed(done.text, done.reason), [], False, done.reason)
 
     def _stamp(self) -> None:
