@@ -63,7 +63,7 @@ def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[...,
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     base = result["baseline"]
     assert base["prompt_tokens"] == 240 and base["gen_tokens"] == MAX_TOKENS
-    assert base["itl_p50_ms"] > 0 and len(base["round_p50_ms"]) == 3
+    assert base["itl_p50_ms"] > 0 and len(base["round_p50_ms"]) == 6  # 3 before, 3 after
     assert "1 agent, ITL p50 against mlx-lm generate_step alone" in table
     assert "mlxd " in table.rsplit("generate_step alone", 1)[1]
 
@@ -125,7 +125,7 @@ class CharTokenizer:
 
 
 def test_the_baseline_line_puts_each_servers_lone_agent_against_generate_step() -> None:
-    from mlxd.bench.serve import baseline_line
+    from mlxd.bench.serve import baseline_line, pooled_baseline
 
     one = {
         "mlxd": {"itl_p50_ms": {"median": 10.5}},
@@ -133,10 +133,14 @@ def test_the_baseline_line_puts_each_servers_lone_agent_against_generate_step() 
     }
     result = {"baseline": {"itl_p50_ms": 10.0, "prompt_tokens": 3640}, "summary": {"1": one}}
     line = baseline_line(result)
-    assert "(10.00 ms, 3640-token prompt)" in line
+    assert "(10.00 ms, 3640-token prompt, before and after the servers)" in line
     assert "mlxd 10.50 ms = 1.050x" in line and "mlx-lm 21.00 ms = 2.100x" in line
     assert baseline_line({"summary": {"1": one}}) == ""  # no baseline run
     assert baseline_line({"baseline": {"error": "x"}, "summary": {"1": one}}) == ""
+    run = {"round_p50_ms": [9.0, 12.0], "prompt_tokens": 40, "gen_tokens": 8, "itl_p50_ms": 1}
+    pooled = pooled_baseline([run, {"error": "gone"}, dict(run, round_p50_ms=[10.0])])
+    assert pooled["itl_p50_ms"] == 10.0 and len(pooled["runs"]) == 3  # the median of all rounds
+    assert "error" in pooled_baseline([{"error": "gone"}])
 
 
 def test_prompt_words_are_deterministic_and_just_long_enough() -> None:
