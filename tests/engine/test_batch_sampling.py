@@ -2,6 +2,7 @@
 each row's token, every seeded row's key and the thread's key afterwards equal mlx-lm's
 per-row loop (GenerationBatch._step: a sampler call per one-row slice), bit for bit."""
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,6 +61,51 @@ def test_batched_draws_equal_mlx_lms_per_row_loop(dtype, vocab: int, seeds: list
         assert current_key() == ref_key  # the next step's draws start from the same key
         keys = [(s.key if isinstance(s, KeyedSampler) else None) for s in got_samplers]
         assert keys == [(s.key if isinstance(s, KeyedSampler) else None) for s in ref_samplers]
+
+
+def _random_params(rng: random.Random) -> SamplingParams:
+    if rng.random() < 0.25:
+        return SamplingParams()  # greedy
+    return SamplingParams(
+        temp=rng.choice([0.3, 0.7, 1.0, 1.5]),
+        top_p=rng.choice([0.0, 0.5, 0.9, 1.0]),
+        min_p=rng.choice([0.0, 0.0, 0.05, 0.2]),
+        min_tokens_to_keep=rng.choice([1, 1, 4]),
+        top_k=rng.choice([0, 0, 5, 50]),
+    )
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_random_mixes_of_rows_draw_as_the_per_row_loop(trial: int) -> None:
+    """Random row counts, parameters (repeats included, so groups form) and seeds, 3 steps."""
+    rng = random.Random(trial)
+    B = rng.randint(2, 12)
+    params = [_random_params(rng) for _ in range(B)]
+    if rng.random() < 0.5:
+        params = [rng.choice(params[:3]) for _ in range(B)]  # few distinct groups
+    seeds = [rng.choice([None, None, rng.randrange(1 << 30)]) for _ in range(B)]
+
+    def samplers() -> list:
+        out = []
+        for p, seed in zip(params, seeds, strict=True):
+            s = p.sampler()
+            out.append(s if seed is None else KeyedSampler(s, seed_key(seed), p.draws))
+        return out
+
+    ref_samplers, got_samplers = samplers(), samplers()
+    for step in range(3):
+        mx.random.seed(1000 * trial + step)
+        logits = (mx.random.normal((B, 1000)) * rng.choice([1, 4, 12])).astype(mx.bfloat16)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        set_key((trial, step))
+        ref = _per_row(ref_samplers, logprobs)
+        ref_key = current_key()
+        set_key((trial, step))
+        got = bs.sample_rows(got_samplers, logprobs)
+        assert got is not None and got.tolist() == ref.tolist(), (trial, step)
+        assert current_key() == ref_key
+    keys = [getattr(s, "key", None) for s in got_samplers]
+    assert keys == [getattr(s, "key", None) for s in ref_samplers]
 
 
 def test_a_sampler_it_cannot_batch_leaves_the_step_to_mlx_lm() -> None:
