@@ -32,26 +32,30 @@ def _params(sampler: Any) -> SamplingParams | None | bool:
     inner = sampler.inner if isinstance(sampler, KeyedSampler) else sampler
     if inner is greedy_sampler:
         return None
-    if isinstance(inner, ParamSampler) and inner.params.xtc_probability == 0.0:
+    if isinstance(inner, ParamSampler):
         return inner.params
-    return False  # a user's sampler, or XTC's extra coin
+    return False  # a user's sampler
 
 
 def sample_rows(samplers: list[Any], logprobs: mx.array) -> mx.array | None:
     """Every row's next token as mlx-lm's per-row loop draws it, or None when a row's sampler
-    is one this cannot batch (a user's callable, XTC): the caller then runs mlx-lm's loop."""
+    is one this cannot batch (a user's callable): the caller then runs mlx-lm's loop."""
     found = [_params(s) for s in samplers]
     if any(p is False for p in found):
         return None
     params: list[SamplingParams | None] = found  # type: ignore[assignment]
     # The keys mlx-lm's loop would draw with, in row order, split on the host (threefry.py):
     # a seeded row's KeyedSampler first installs its own key, and the thread keeps the last.
-    state, keys, drawn = current_key(), [], []
+    # XTC's coin is drawn first (its filter comes before categorical in make_sampler's chain).
+    state, keys, coin_keys, drawn = current_key(), [], [], []
     for e, (s, p) in enumerate(zip(samplers, params, strict=True)):
         keyed = isinstance(s, KeyedSampler)
         if keyed:
             state = s.key
         if p is not None:
+            if p.xtc_probability > 0.0:
+                state, coin = threefry.split(state)
+                coin_keys.append(coin)
             state, k = threefry.split(state)
             keys.append(k)
             drawn.append(e)
@@ -59,11 +63,13 @@ def sample_rows(samplers: list[Any], logprobs: mx.array) -> mx.array | None:
             s.key = state
     set_key(state)
     u = _uniforms(keys)
+    coins = _coins(coin_keys)
     at = {e: i for i, e in enumerate(drawn)}  # a row's place in `u`
+    xtc_rows = [e for e in drawn if params[e].xtc_probability > 0.0]  # type: ignore[union-attr]
+    at_coin = {e: i for i, e in enumerate(xtc_rows)}
     groups: dict[tuple, list[int]] = {}
     for e, p in enumerate(params):
-        sig = None if p is None else (p.temp, p.top_p, p.min_p, p.min_tokens_to_keep, p.top_k)
-        groups.setdefault(sig, []).append(e)
+        groups.setdefault(_signature(p), []).append(e)
     order: list[int] = []
     parts: list[mx.array] = []
     for rows in groups.values():
@@ -72,14 +78,26 @@ def sample_rows(samplers: list[Any], logprobs: mx.array) -> mx.array | None:
         if p is None:
             parts.append(greedy_sampler(x))
         else:
-            mine = [at[e] for e in rows]
-            ux = u if mine == list(range(len(keys))) else u[mx.array(mine)]
-            parts.append(_draw(_filtered(x, p), p.temp, ux))
+            ux = _take(u, [at[e] for e in rows])
+            cx = _take(coins, [at_coin[e] for e in rows]) if p.xtc_probability > 0 else None
+            parts.append(_draw(_filtered(x, p, cx), p.temp, ux))
         order += rows
     out = parts[0] if len(parts) == 1 else mx.concatenate(parts)
     if order == sorted(order):
         return out
     return out[mx.argsort(mx.array(order))]
+
+
+def _signature(p: SamplingParams | None) -> tuple | None:
+    """Rows whose samplers make_sampler would build alike share one filter chain and draw."""
+    if p is None:
+        return None
+    xtc = (p.xtc_probability, p.xtc_threshold, tuple(p.xtc_special_tokens or ()))
+    return (p.temp, p.top_p, p.min_p, p.min_tokens_to_keep, p.top_k, *xtc)
+
+
+def _take(a: mx.array, rows: list[int]) -> mx.array:
+    return a if rows == list(range(a.shape[0])) else a[mx.array(rows)]
 
 
 def _uniforms(keys: list[tuple[int, int]]) -> mx.array:
@@ -90,15 +108,34 @@ def _uniforms(keys: list[tuple[int, int]]) -> mx.array:
     return one(mx.array(keys, dtype=mx.uint32))
 
 
-def _filtered(x: mx.array, p: SamplingParams) -> mx.array:
+def _coins(keys: list[tuple[int, int]]) -> mx.array:
+    """XTC's coin per key, as apply_xtc draws it (`uniform(0, 1)`): shape (n, 1)."""
+    if not keys:
+        return mx.zeros((0, 1))
+    one = mx.vmap(lambda k: mx.random.uniform(0, 1, key=k))
+    return one(mx.array(keys, dtype=mx.uint32))[:, None]
+
+
+def _filtered(x: mx.array, p: SamplingParams, coins: mx.array | None = None) -> mx.array:
     """make_sampler's filter chain, in its order, over the group's rows."""
     if 0 < p.top_p < 1.0:
         x = apply_top_p(x, p.top_p)
     if p.min_p != 0.0:
         x = apply_min_p(x, p.min_p, p.min_tokens_to_keep)
+    if coins is not None:
+        x = _xtc(x, coins, p.xtc_probability, p.xtc_threshold, p.xtc_special_tokens)
     if p.top_k > 0:
         x = apply_top_k(x, p.top_k)
     return x
+
+
+def _xtc(logits: mx.array, coins: mx.array, prob: float, threshold: float, special: list[int]):
+    """apply_xtc over the rows, each with its own coin (the same ops, row by row)."""
+    probs = mx.softmax(logits, -1)
+    mask = probs > mx.where(probs > threshold, probs, mx.inf).min(axis=-1, keepdims=True)
+    if special:
+        mask[..., special] = False
+    return mx.where(coins > prob, logits, mx.where(mask, -mx.inf, logits))
 
 
 def _draw(logits: mx.array, temp: float, uniforms: mx.array) -> mx.array:

@@ -72,10 +72,13 @@ def _random_params(rng: random.Random) -> SamplingParams:
         min_p=rng.choice([0.0, 0.0, 0.05, 0.2]),
         min_tokens_to_keep=rng.choice([1, 1, 4]),
         top_k=rng.choice([0, 0, 5, 50]),
+        xtc_probability=rng.choice([0.0, 0.0, 0.5, 1.0]),  # XTC draws a coin before the token
+        xtc_threshold=rng.choice([0.01, 0.1]),
+        xtc_special_tokens=rng.choice([[], [3, 7]]),
     )
 
 
-@pytest.mark.parametrize("trial", range(12))
+@pytest.mark.parametrize("trial", range(16))
 def test_random_mixes_of_rows_draw_as_the_per_row_loop(trial: int) -> None:
     """Random row counts, parameters (repeats included, so groups form) and seeds, 3 steps."""
     rng = random.Random(trial)
@@ -110,8 +113,6 @@ def test_random_mixes_of_rows_draw_as_the_per_row_loop(trial: int) -> None:
 
 def test_a_sampler_it_cannot_batch_leaves_the_step_to_mlx_lm() -> None:
     logprobs = mx.zeros((2, 16))
-    xtc = SamplingParams(temp=0.7, xtc_probability=0.5).sampler()
-    assert bs.sample_rows([MIX[0].sampler(), xtc], logprobs) is None
     assert bs.sample_rows([MIX[0].sampler(), make_sampler(0.7)], logprobs) is None  # a callable
 
 
