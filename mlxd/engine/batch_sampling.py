@@ -5,9 +5,10 @@ own), mlx-lm's GenerationBatch samples row by row: a slice, the filter chain and
 `categorical` per row, then a concatenate, some 30 ops a row. On a one-row input MLX's
 `categorical` is an inverse-CDF draw: one uniform from the thread's key sequence, scaled by
 the row's weight sum, searched in the row's cumulative weights. Here rows with equal
-parameters run mlx-lm's filter chain and that draw together. Each row's key is split on the
-host in row order, as mlx-lm's loop advances the key sequence, and all uniforms come from one
-vmapped op; only each row's weight sum stays a per-row op, the same 1-D reduction as MLX's.
+parameters run mlx-lm's filter chain (XTC's with a coin per row) and that draw together. Each
+row's keys are split on the host in row order, as mlx-lm's loop advances the key sequence, and
+all uniforms come from one vmapped op; only each row's weight sum stays a per-row op, the same
+1-D reduction as MLX's.
 On the CPU this gives mlx-lm's tokens and keys bit for bit (tests/engine/test_batch_sampling.py);
 elsewhere it is opt-in until those tests have run there (`--batched-sampling`).
 """
