@@ -7,7 +7,7 @@ number of draws that sampler makes (computed on the CPU: no device sync in the s
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
@@ -86,7 +86,7 @@ class SamplingParams:
             xtc_threshold=self.xtc_threshold,
             xtc_special_tokens=self.xtc_special_tokens,
         )
-        return inner if self.temp == 0 else ParamSampler(self, inner)
+        return inner if self.temp == 0 else ParamSampler(replace(self), inner)  # a snapshot
 
     def processors(self) -> list[Callable[[mx.array, mx.array], mx.array]]:
         """mlx-lm's processors in its order; the bias as a LogitBias, the same op, so that
