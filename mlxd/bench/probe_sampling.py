@@ -25,10 +25,20 @@ from .models import SHAPES, build_random, random_prompts
 KINDS = ("greedy", "shared", "per-row", "batched")
 
 
-def step_ms(model, prompts: list[list[int]], steps: int, kind: str, temp: float, top_p: float):
-    """Median ms between decode steps of `len(prompts)` rows admitted together."""
+def step_ms(
+    model, prompts: list[list[int]], steps: int, kind: str, temp: float, top_p: float,
+    penalty: float = 0.0,
+) -> float:  # fmt: skip
+    """Median ms between decode steps of `len(prompts)` rows admitted together; `penalty`: a
+    repetition penalty on every row (mlx-lm's processors, or mlxd's for `batched`)."""
     B = len(prompts)
     samplers = None
+    procs = None
+    if penalty:
+        rep = SamplingParams(repetition_penalty=penalty)
+        procs = [
+            rep.processors() if kind == "batched" else _mlx_lm_penalty(penalty) for _ in prompts
+        ]
     if kind == "shared":
         samplers = [make_sampler(temp, top_p=top_p)] * B
     elif kind in ("per-row", "batched"):
@@ -38,7 +48,7 @@ def step_ms(model, prompts: list[list[int]], steps: int, kind: str, temp: float,
     if kind == "batched":  # mlxd's step with the batched draw (engine/batch_sampling.py)
         gen._generation_batch = BiasedGenerationBatch.empty(model, gen.sampler)
         gen._generation_batch.batch_sampling = True
-    gen.insert(prompts, max_tokens=[steps + 8] * B, samplers=samplers)
+    gen.insert(prompts, max_tokens=[steps + 8] * B, samplers=samplers, logits_processors=procs)
     gaps, last = [], None
     while gen.next_generated():
         now = time.perf_counter()
@@ -49,6 +59,12 @@ def step_ms(model, prompts: list[list[int]], steps: int, kind: str, temp: float,
     return 1e3 * statistics.median(gaps[8:] or gaps)
 
 
+def _mlx_lm_penalty(penalty: float) -> list:
+    from mlx_lm.sample_utils import make_logits_processors
+
+    return make_logits_processors(repetition_penalty=penalty)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
@@ -57,13 +73,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=64, help="decode steps timed per run")
     p.add_argument("--temp", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument(
+        "--repetition-penalty", type=float, default=0.0,
+        help="on every row (0: none); `batched` then also runs mlxd's batched penalties",
+    )  # fmt: skip
     args = p.parse_args(argv)
     bm = build_random(args.shape, "bfloat16", 0)
     for B in args.rows:
         prompts = random_prompts(bm.vocab_size, B, args.context, 1)
-        step_ms(bm.model, prompts, 8, "greedy", args.temp, args.top_p)  # warm-up
+        pen = args.repetition_penalty
+        step_ms(bm.model, prompts, 8, "greedy", args.temp, args.top_p, pen)  # warm-up
         cells = [
-            f"{k} {step_ms(bm.model, prompts, args.steps, k, args.temp, args.top_p):7.2f}"
+            f"{k} {step_ms(bm.model, prompts, args.steps, k, args.temp, args.top_p, pen):7.2f}"
             for k in KINDS
         ]
         print(f"B={B:2d} L={args.context:5d}: {' | '.join(cells)} ms/step", flush=True)

@@ -1,12 +1,13 @@
-"""The batched decode step with a logit bias applied to all rows at once.
+"""The batched decode step with logit biases (and penalties, grammars) applied to all rows at once.
 
 mlx-lm's GenerationBatch runs logits processors row by row: a slice, the processor and a
 concatenate per row, every step (~4 ops a row). A logit bias only adds constants at fixed
 token ids, so when it is the only processor in the batch, one scatter over the whole batch
 does the same adds to the same logits: the same bits, a handful of ops instead of ~4 per row.
 A grammar (structured outputs) masks with one `where` over the batch, free rows untouched, and
-its masks are filled on the CPU while the device computes the forward. Any other processor
-(penalties, user callables) takes mlx-lm's own step, unchanged.
+its masks are filled on the CPU while the device computes the forward. Repetition, presence and
+frequency penalties run kind by kind over the batch (batch_penalties.py). Any other processor
+(a caller's callable) takes mlx-lm's own step, unchanged.
 """
 
 from typing import Any
@@ -15,20 +16,22 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ..constrain.mask import apply_bitmask
+from .batch_penalties import apply_penalties
 from .batch_sampling import sample_rows
-from .sampling import LogitBias
+from .sampling import LogitBias, Penalty
 
 
-def _kinds(processors: list[Any] | None) -> tuple[Any, Any] | None:
-    """(LogitBias or None, grammar or None) when the row's processors are those two at most,
-    in mlx-lm's order (bias, then the grammar's mask); None for anything else."""
+def _kinds(processors: list[Any] | None) -> tuple[Any, list[Penalty], Any] | None:
+    """(LogitBias or None, penalties, grammar or None) when the row's processors are those,
+    in mlx-lm's order (bias, penalties, then the grammar's mask); None for anything else."""
     from ..constrain.processor import GrammarLogitsProcessor
 
     procs = list(processors or [])
     grammar = procs.pop() if procs and isinstance(procs[-1], GrammarLogitsProcessor) else None
-    if len(procs) > 1 or (procs and not isinstance(procs[0], LogitBias)):
+    bias = procs.pop(0) if procs and isinstance(procs[0], LogitBias) else None
+    if not all(isinstance(p, Penalty) for p in procs):
         return None
-    return (procs[0] if procs else None), grammar
+    return bias, procs, grammar
 
 
 class BiasedGenerationBatch(GenerationBatch):
@@ -45,11 +48,18 @@ class BiasedGenerationBatch(GenerationBatch):
         if any(k is None for k in kinds) or not (any(self.logits_processors) or self._mixed()):
             return super()._step()  # other processors, or nothing this step does otherwise
         biases = [k[0] for k in kinds]  # type: ignore[index]
-        grammars = [k[1] for k in kinds]  # type: ignore[index]
+        penalties = [k[1] for k in kinds]  # type: ignore[index]
+        grammars = [k[2] for k in kinds]  # type: ignore[index]
         self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
         inputs = self._current_tokens
         logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        # mlx-lm's token history, for the rows whose processors read it
+        contexts = {
+            e: self._token_context[e].update_and_fetch(inputs[e : e + 1])
+            for e in range(len(kinds))
+            if penalties[e] or grammars[e] is not None
+        }
         masks = None
         if any(grammars):
             mx.async_eval(logits)  # the forward runs while the CPU fills the masks
@@ -57,6 +67,8 @@ class BiasedGenerationBatch(GenerationBatch):
         if any(biases):
             rows, cols, values = self._scatter(biases)
             logits = logits.at[rows, cols].add(values)
+        if any(penalties):
+            logits = apply_penalties(logits, penalties, contexts)
         if masks is not None:
             constrained = [e for e, g in enumerate(grammars) if g is not None]
             logits = apply_bitmask(logits, masks, constrained)
@@ -94,7 +106,6 @@ class BiasedGenerationBatch(GenerationBatch):
         tokens = inputs.tolist()  # the previous step's samples: waits for them, not this forward
         for e, g in enumerate(grammars):
             if g is not None:
-                self._token_context[e].update_and_fetch(inputs[e : e + 1])  # mlx-lm's history
                 g.advance(tokens[e])
         if self._masker is None:
             vocab = next(g for g in grammars if g is not None).matcher.vocab

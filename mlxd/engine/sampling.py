@@ -11,7 +11,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+from mlx_lm.sample_utils import (
+    make_frequency_penalty,
+    make_presence_penalty,
+    make_repetition_penalty,
+    make_sampler,
+)
 
 from . import threefry
 from .rng import set_key
@@ -89,20 +94,34 @@ class SamplingParams:
         return inner if self.temp == 0 else ParamSampler(replace(self), inner)  # a snapshot
 
     def processors(self) -> list[Callable[[mx.array, mx.array], mx.array]]:
-        """mlx-lm's processors in its order; the bias as a LogitBias, the same op, so that
-        the batched step can apply every row's bias in one scatter."""
-        bias: list[Callable[[mx.array, mx.array], mx.array]] = (
+        """mlx-lm's processors in its order (make_logits_processors); the bias as a LogitBias,
+        the same op, and each penalty as mlx-lm's own closure inside a Penalty that names it,
+        so that the batched step can apply every row's in a few batched ops."""
+        out: list[Callable[[mx.array, mx.array], mx.array]] = (
             [LogitBias(self.logit_bias)] if self.logit_bias else []
         )
-        return bias + make_logits_processors(
-            None,
-            self.repetition_penalty,
-            self.repetition_context_size,
-            self.presence_penalty,
-            self.presence_context_size,
-            self.frequency_penalty,
-            self.frequency_context_size,
-        )
+        penalties = [
+            ("repetition", make_repetition_penalty, self.repetition_penalty,
+             self.repetition_context_size),
+            ("presence", make_presence_penalty, self.presence_penalty, self.presence_context_size),
+            ("frequency", make_frequency_penalty, self.frequency_penalty,
+             self.frequency_context_size),
+        ]  # fmt: skip
+        for kind, make, penalty, context in penalties:
+            if penalty is not None and penalty != 0:
+                out.append(Penalty(kind, penalty, context, make(penalty, context)))
+        return out
+
+
+class Penalty:
+    """One of mlx-lm's penalty processors, called as it is; `kind`, `penalty` and `context`
+    let the batched step apply all rows' penalties of a kind at once (batch_penalties.py)."""
+
+    def __init__(self, kind: str, penalty: float, context: Any, inner: Callable) -> None:
+        self.kind, self.penalty, self.context, self.inner = kind, penalty, context, inner
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        return self.inner(tokens, logits)
 
 
 class ParamSampler:

@@ -97,3 +97,6 @@ def test_probe_sampling_times_greedy_shared_and_per_row_samplers(capsys) -> None
         rf"B= 2 L=    8: greedy{cell} \| shared{cell} \| per-row{cell} \| batched{cell} ms/step",
         lines[0],
     )
+    argv = ["--shape", "qwen3-host", "--rows", "2", "--context", "8", "--steps", "4"]
+    probe_sampling.main([*argv, "--repetition-penalty", "1.2"])  # every row penalised
+    assert re.search(rf"batched{cell} ms/step", capsys.readouterr().out)
