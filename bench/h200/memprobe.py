@@ -9,7 +9,7 @@ import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests")  # the tests' fixtures import only with tests/ on the path
 from fixtures.tiny_models import tiny_model_dir  # noqa: E402
 
 tok = Path(os.environ["MLXD_TEST_CACHE"]) / "tokenizer-qwen3-3.7.2"

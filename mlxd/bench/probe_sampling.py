@@ -46,8 +46,7 @@ def step_ms(
         samplers = [params.sampler() for _ in range(B)]  # mlx-lm's, one object per row
     gen = BatchGenerator(model, completion_batch_size=B, prefill_batch_size=B)
     if kind == "batched":  # mlxd's step with the batched draw (engine/batch_sampling.py)
-        gen._generation_batch = BiasedGenerationBatch.empty(model, gen.sampler)
-        gen._generation_batch.batch_sampling = True
+        BiasedGenerationBatch.install(gen, model, batch_sampling=True)
     gen.insert(prompts, max_tokens=[steps + 8] * B, samplers=samplers, logits_processors=procs)
     gaps, last = [], None
     while gen.next_generated():

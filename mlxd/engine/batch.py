@@ -100,10 +100,8 @@ class BatchedRows:
         )
         if not config.clear_cache:
             keep_buffers(self.gen)
-        # Every row joins this GenerationBatch (BatchGenerator extends it, never replaces it).
-        self.gen._generation_batch = gb = BiasedGenerationBatch.empty(model, self.gen.sampler)
         on = config.batch_sampling
-        gb.batch_sampling = default_on() if on is None else on
+        BiasedGenerationBatch.install(self.gen, model, default_on() if on is None else on)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
         self.rows: dict[int, BatchedRow] = {}

@@ -43,6 +43,14 @@ class BiasedGenerationBatch(GenerationBatch):
     _masker: Any = None
     batch_sampling = False  # rows' different samplers in batched calls (batch_sampling.py)
 
+    @classmethod
+    def install(cls, gen: Any, model: Any, batch_sampling: bool) -> "BiasedGenerationBatch":
+        """Make this the GenerationBatch of BatchGenerator `gen`: every joining row extends it
+        (BatchGenerator never replaces it)."""
+        gen._generation_batch = batch = cls.empty(model, gen.sampler)
+        batch.batch_sampling = batch_sampling
+        return batch
+
     def _step(self) -> tuple[list[int], list[mx.array]]:
         kinds = [_kinds(p) for p in self.logits_processors]
         if any(k is None for k in kinds) or not (any(self.logits_processors) or self._mixed()):

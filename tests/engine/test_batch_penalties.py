@@ -8,11 +8,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import BatchGenerator
+from fixtures.batch_oracle import batch_generator_outputs
 from mlx_lm.sample_utils import make_logits_processors
 
 from mlxd.engine import batch_penalties as bp
-from mlxd.engine.batch_logits import BiasedGenerationBatch
 from mlxd.engine.sampling import SamplingParams
 
 
@@ -63,13 +62,10 @@ def _load(tiny_model: Callable[..., Path]):
     return load(str(tiny_model("qwen3")))
 
 
-def _generator_run(model, prompts, params, ours: bool, calls: list[int] | None = None):
+def _generator_run(model, prompts, params, ours: bool):
     """BatchGenerator from one thread key; `ours`: mlxd's step and processors, else mlx-lm's."""
     mx.random.seed(5)
-    gen = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
     if ours:
-        gen._generation_batch = BiasedGenerationBatch.empty(model, gen.sampler)
-        gen._generation_batch.batch_sampling = True
         procs = [p.processors() for p in params]
     else:
         procs = [
@@ -80,16 +76,10 @@ def _generator_run(model, prompts, params, ours: bool, calls: list[int] | None =
             )
             for p in params
         ]  # fmt: skip
-    uids = gen.insert(
-        prompts, max_tokens=[12] * len(prompts), samplers=[p.sampler() for p in params],
-        logits_processors=procs,
-    )  # fmt: skip
-    out: dict[int, list] = {u: [] for u in uids}
-    while responses := gen.next_generated():
-        for r in responses:
-            out[r.uid].append((r.token, r.logprobs))
-    gen.close()
-    return [out[u] for u in uids]
+    samplers = [p.sampler() for p in params]
+    return batch_generator_outputs(
+        model, prompts, 12, frozenset(), procs, samplers=samplers, mlxd_step=True if ours else None
+    )
 
 
 def test_the_step_with_penalised_sampled_rows_equals_batch_generator(

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from mlx_lm.generate import BatchGenerator
+from fixtures.batch_oracle import batch_generator_outputs
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
 from mlxd.engine import batch_sampling as bs
 from mlxd.engine.batch import BatchConfig
-from mlxd.engine.batch_logits import BiasedGenerationBatch
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.engine.rng import current_key, set_key
@@ -125,7 +124,18 @@ def _load(tiny_model: Callable[..., Path]):
 PROMPTS = ["Tell me a story", "The sea is", "One two three four", "Hello", "x y z", "A cat"]
 
 
-def _engine_run(model, tok, on: bool) -> list[list[tuple[int, mx.array]]]:
+@pytest.fixture
+def calls(monkeypatch) -> list[int]:
+    """One entry per batched draw the step takes (engine/batch_logits.py's call)."""
+    seen: list[int] = []
+    real = bs.sample_rows
+    monkeypatch.setattr(
+        "mlxd.engine.batch_logits.sample_rows", lambda s, lp: seen.append(1) or real(s, lp)
+    )
+    return seen
+
+
+def _engine_run(model, tok, on: bool | None) -> list[list[tuple[int, mx.array]]]:
     """Every row seeded: the engine thread's own key would make unseeded rows differ by run."""
     engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, batch_sampling=on))
     try:
@@ -150,13 +160,8 @@ def _same(a, b) -> bool:
     )
 
 
-def test_the_engine_samples_seeded_rows_as_the_per_row_loop(tiny_model, monkeypatch) -> None:
+def test_the_engine_samples_seeded_rows_as_the_per_row_loop(tiny_model, calls) -> None:
     model, tok = _load(tiny_model)
-    calls: list[int] = []
-    real = bs.sample_rows
-    monkeypatch.setattr(
-        "mlxd.engine.batch_logits.sample_rows", lambda s, lp: calls.append(1) or real(s, lp)
-    )
     batched = _engine_run(model, tok, True)
     assert calls  # the batched draw ran
     n = len(calls)
@@ -169,35 +174,21 @@ def _generator_run(model, prompts: list[list[int]], on: bool | None, bias: dict 
     step (as BatchedRows does), with or without the batched draw; None: mlx-lm's own step.
     `bias`: every row's logit_bias, as mlxd's LogitBias or mlx-lm's own processor."""
     mx.random.seed(3)
-    gen = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
-    if on is not None:
-        gen._generation_batch = BiasedGenerationBatch.empty(model, gen.sampler)
-        gen._generation_batch.batch_sampling = on
     procs = None
     if bias:
         make = (lambda: [LogitBias(bias)]) if on else (lambda: make_logits_processors(bias))
         procs = [make() for _ in prompts]
-    uids = gen.insert(
-        prompts, max_tokens=[10] * len(prompts), samplers=[p.sampler() for p in MIX],
-        logits_processors=procs,
-    )  # fmt: skip
-    out: dict[int, list] = {u: [] for u in uids}
-    while responses := gen.next_generated():
-        for r in responses:
-            out[r.uid].append((r.token, r.logprobs))
-    gen.close()
-    return [out[u] for u in uids]
+    samplers = [p.sampler() for p in MIX]
+    return batch_generator_outputs(
+        model, prompts, 10, frozenset(), procs, samplers=samplers, mlxd_step=on
+    )
 
 
-def test_unseeded_rows_equal_batch_generator_with_per_row_samplers(tiny_model, monkeypatch) -> None:
+def test_unseeded_rows_equal_batch_generator_with_per_row_samplers(tiny_model, calls) -> None:
     model, tok = _load(tiny_model)
     prompts = [tok.encode(t) for t in PROMPTS]
     expected = _generator_run(model, prompts, None)
-    calls: list[int] = []
-    real = bs.sample_rows
-    monkeypatch.setattr(
-        "mlxd.engine.batch_logits.sample_rows", lambda s, lp: calls.append(1) or real(s, lp)
-    )
+    assert calls == []  # mlx-lm's own step
     assert _same(_generator_run(model, prompts, True), expected)
     assert len(calls) == 10  # every decode step after the prefill (the last one runs ahead)
     assert not _same(_generator_run(model, prompts[::-1], True)[::-1], expected)  # keys matter
@@ -213,5 +204,9 @@ def test_with_logit_biases_too(tiny_model) -> None:
     assert not _same(_generator_run(model, prompts, True), expected)  # the biases applied
 
 
-def test_the_default_is_on_only_where_the_bits_were_proven() -> None:
-    assert bs.default_on() == (not (mx.metal.is_available() or mx.cuda.is_available()))
+def test_an_engine_at_its_defaults_draws_batched_only_on_the_cpu(tiny_model, calls) -> None:
+    """The CPU is where these tests proved the bits; Metal and CUDA wait for theirs."""
+    model, tok = _load(tiny_model)
+    _engine_run(model, tok, None)  # BatchConfig(batch_sampling=None): the default
+    on_cpu = mx.default_device() == mx.cpu and not mx.metal.is_available()
+    assert bool(calls) == on_cpu

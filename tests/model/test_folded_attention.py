@@ -5,44 +5,22 @@ On the CPU, MLX's masked attention is its fallback formula, so folded attention 
 bit for bit there; on CUDA the two differ in rounding (docs/performance.md), which is why the
 mode is opt-in."""
 
-from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
 from fixtures.batch_oracle import batch_generator_outputs
-from mlx_lm.models import qwen2
-from mlx_lm.models.cache import BatchKVCache
+from fixtures.folded_models import PROMPTS, load_model, padded_decode, qwen2_model
 
 from mlxd.engine.batch import BatchConfig
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.model import folded_attention as fa
 
-PROMPTS = [[5, 9, 13, 2, 77, 31, 8], [101, 4], [7, 7, 300, 12, 9, 44, 61, 5, 90, 3, 18]]
-
-
-def _load(tiny_model: Callable[..., Path], arch: str):
-    from mlx_lm import load
-
-    return load(str(tiny_model(arch)))[0]
-
-
-def _qwen2():
-    args = qwen2.ModelArgs(
-        model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-        num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=512,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    mx.random.seed(3)
-    model = qwen2.Model(args)
-    mx.eval(model.parameters())
-    return model
-
 
 @pytest.fixture(params=["llama", "qwen3", "qwen3_moe", "qwen2"])
 def model(request, tiny_model):
-    return _qwen2() if request.param == "qwen2" else _load(tiny_model, request.param)
+    return qwen2_model() if request.param == "qwen2" else load_model(tiny_model, request.param)
 
 
 @pytest.fixture
@@ -59,22 +37,11 @@ def calls(monkeypatch) -> list[int]:
     return seen
 
 
-def _decode(model, steps: int, pads: list[int]) -> mx.array:
-    """Left-padded prefill of 3 rows, then greedy one-token steps; every step's logits."""
-    tokens = mx.array([[0] * p + PROMPTS[2][: 11 - p] for p in pads])
-    caches = [BatchKVCache(pads) for _ in model.layers]
-    logits = [model(tokens, cache=caches)[:, -1, :]]
-    for _ in range(steps):
-        nxt = mx.argmax(logits[-1], axis=-1, keepdims=True)
-        logits.append(model(nxt, cache=caches)[:, -1, :])
-    return mx.stack(logits)
-
-
 def test_shadow_model_equals_the_model_bit_for_bit_and_leaves_it_unchanged(model, calls) -> None:
     shadow = fa.folded(model)
-    expected = _decode(model, 10, [0, 4, 9])
+    expected = padded_decode(model, 10, [0, 4, 9])
     assert calls == []  # the caller's model kept its own attention
-    got = _decode(shadow, 10, [0, 4, 9])
+    got = padded_decode(shadow, 10, [0, 4, 9])
     assert mx.array_equal(got, expected).item()
     assert len(calls) == 10 * len(model.layers)  # every decode step, every layer, folded
     inner = shadow.model.layers[0].self_attn.inner
@@ -83,20 +50,16 @@ def test_shadow_model_equals_the_model_bit_for_bit_and_leaves_it_unchanged(model
 
 
 def _decode_poisoned(model, steps: int, pads: list[int], poison: float | None) -> mx.array:
-    """`_decode`, with every cache buffer's positions past the written keys set to `poison`
-    before each step (what an aligned read takes in beyond the row's keys)."""
-    tokens = mx.array([[0] * p + PROMPTS[2][: 11 - p] for p in pads])
-    caches = [BatchKVCache(pads) for _ in model.layers]
-    logits = [model(tokens, cache=caches)[:, -1, :]]
-    for _ in range(steps):
-        if poison is not None:
-            for c in caches:
-                past = (mx.arange(c.keys.shape[2]) >= c._idx)[None, None, :, None]
-                c.keys = mx.where(past, mx.array(poison, c.keys.dtype), c.keys)
-                c.values = mx.where(past, mx.array(poison, c.values.dtype), c.values)
-        nxt = mx.argmax(logits[-1], axis=-1, keepdims=True)
-        logits.append(model(nxt, cache=caches)[:, -1, :])
-    return mx.stack(logits)
+    """`padded_decode`, with every cache buffer's positions past the written keys set to
+    `poison` before each step (what an aligned read takes in beyond the row's keys)."""
+
+    def fill(caches: list) -> None:
+        for c in caches:
+            past = (mx.arange(c.keys.shape[2]) >= c._idx)[None, None, :, None]
+            c.keys = mx.where(past, mx.array(poison, c.keys.dtype), c.keys)
+            c.values = mx.where(past, mx.array(poison, c.values.dtype), c.values)
+
+    return padded_decode(model, steps, pads, fill if poison is not None else None)
 
 
 def test_aligned_keys_are_masked_out_exactly(model, monkeypatch) -> None:
@@ -147,7 +110,7 @@ def test_formula_equals_mlx_masked_attention_on_cpu(groups: int, boolean: bool) 
 
 
 def test_engine_with_folded_attention_equals_batch_generator_on_cpu(tiny_model, calls) -> None:
-    model = _load(tiny_model, "qwen3")
+    model = load_model(tiny_model, "qwen3")
     expected = batch_generator_outputs(model, PROMPTS, 12, frozenset())
     engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, attention="folded"))
     try:
@@ -162,7 +125,7 @@ def test_engine_with_folded_attention_equals_batch_generator_on_cpu(tiny_model, 
 
 
 def test_an_architecture_it_does_not_know_is_refused_by_name(tiny_model) -> None:
-    model = _load(tiny_model, "gemma3")
+    model = load_model(tiny_model, "gemma3")
     with pytest.raises(ValueError, match="'gemma3_text'"):
         fa.folded(model)
     with pytest.raises(

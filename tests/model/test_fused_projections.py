@@ -6,41 +6,18 @@ must equal folded attention (and so BatchGenerator) bit for bit there; on CUDA a
 shape may round otherwise, which is why it is opt-in."""
 
 import copy
-from collections.abc import Callable
-from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from fixtures.batch_oracle import batch_generator_outputs
-from mlx_lm.models import qwen2
-from mlx_lm.models.cache import BatchKVCache
+from fixtures.folded_models import PROMPTS, load_model, padded_decode, qwen2_model
 
 from mlxd.engine.batch import BatchConfig
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.model import folded_attention as fa
 from mlxd.model import fused_projections as fp
-
-PROMPTS = [[5, 9, 13, 2, 77, 31, 8], [101, 4], [7, 7, 300, 12, 9, 44, 61, 5, 90, 3, 18]]
-
-
-def _load(tiny_model: Callable[..., Path], arch: str):
-    from mlx_lm import load
-
-    return load(str(tiny_model(arch)))[0]
-
-
-def _qwen2():  # q/k/v projections with a bias
-    args = qwen2.ModelArgs(
-        model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-        num_attention_heads=8, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=512,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    mx.random.seed(3)
-    model = qwen2.Model(args)
-    mx.eval(model.parameters())
-    return model
 
 
 def _quantized(model):
@@ -53,10 +30,10 @@ def _quantized(model):
 @pytest.fixture(params=["llama", "qwen3", "qwen3_moe", "qwen2", "qwen3-4bit"])
 def model(request, tiny_model):
     if request.param == "qwen2":
-        return _qwen2()
+        return qwen2_model()
     if request.param == "qwen3-4bit":
-        return _quantized(_load(tiny_model, "qwen3"))
-    return _load(tiny_model, request.param)
+        return _quantized(load_model(tiny_model, "qwen3"))
+    return load_model(tiny_model, request.param)
 
 
 @pytest.fixture
@@ -102,22 +79,11 @@ def test_only_layers_of_one_kind_stack() -> None:
     assert fp.stacked_qkv(object()) is None  # no q/k/v projections: the layer stays unfused
 
 
-def _decode(model, steps: int, pads: list[int]) -> mx.array:
-    """Left-padded prefill of 3 rows, then greedy one-token steps; every step's logits."""
-    tokens = mx.array([[0] * p + PROMPTS[2][: 11 - p] for p in pads])
-    caches = [BatchKVCache(pads) for _ in model.layers]
-    logits = [model(tokens, cache=caches)[:, -1, :]]
-    for _ in range(steps):
-        nxt = mx.argmax(logits[-1], axis=-1, keepdims=True)
-        logits.append(model(nxt, cache=caches)[:, -1, :])
-    return mx.stack(logits)
-
-
 def test_fused_model_equals_the_folded_one_bit_for_bit(model, stacked_calls) -> None:
-    expected = _decode(fa.folded(model), 8, [0, 4, 9])
+    expected = padded_decode(fa.folded(model), 8, [0, 4, 9])
     assert stacked_calls == []
     fused = fa.folded(model, fuse=True)
-    got = _decode(fused, 8, [0, 4, 9])
+    got = padded_decode(fused, 8, [0, 4, 9])
     assert mx.array_equal(got, expected).item()
     layers = len(model.layers)
     dense = sum(hasattr(lay.mlp, "gate_proj") for lay in model.model.layers)  # 0 in tiny MoE
@@ -129,7 +95,7 @@ def test_fused_model_equals_the_folded_one_bit_for_bit(model, stacked_calls) -> 
 
 
 def test_engine_with_fused_projections_equals_batch_generator(tiny_model, stacked_calls) -> None:
-    model = _load(tiny_model, "qwen3")
+    model = load_model(tiny_model, "qwen3")
     expected = batch_generator_outputs(model, PROMPTS, 12, frozenset())
     engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, attention="folded+fused"))
     try:
@@ -162,7 +128,7 @@ def test_serve_takes_the_mode_and_refuses_an_unknown_architecture(tiny_model, tm
             budgets[mode] = engine.kv_budget
         finally:
             state.provider.close()
-    copies = fp.stacked_bytes(_load(tiny_model, "qwen3"))
+    copies = fp.stacked_bytes(load_model(tiny_model, "qwen3"))
     assert budgets["folded"] - budgets["folded+fused"] == copies  # the KV budget counts them
     with pytest.raises(ModelLoadError, match="this model is 'gemma3_text'"):
         make_state(args("gemma3"))
