@@ -140,7 +140,7 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="sample batched rows whose samplers differ (every request with a temperature) in "
         "a few batched calls, each row with its own draw: mlx-lm's tokens, tested on the CPU "
-        "(auto: on there; off on Metal and CUDA until run there)",
+        "and MLX-CUDA (auto: on there; off on Metal until run there)",
     )
     g.add_argument(
         "--cuda-graphs",
