@@ -101,16 +101,39 @@ def run_side(
 
 def run_one(srv: Server, sampler: RSSSampler, wl: Workload, r: int) -> dict[str, Any]:
     sampler.reset()
+    before = srv.metrics()
     records, wall = asyncio.run(run_fleet(srv.url, wl, timeout_s=3600.0))
     fig = aggregate(records, wall, wl.max_tokens) | {"peak_rss_gb": sampler.peak / 1e9}
+    after = srv.metrics()
+    waits = engine_waits(before, after)
+    split = "".join(f", {k} mean {v:.3f} s" for k, v in (waits or {}).items())
     print(
         f"[{LABEL[srv.side]}] N={wl.agents} round {r}: {fig['output_tokens']} tokens in "
         f"{wall:.2f} s = {fig['output_tok_s']:.1f} tok/s, TTFT p50 {fig['ttft_p50_s'] or 0:.3f} s,"
-        f" peak RSS {fig['peak_rss_gb']:.3f} GB, errors {fig['errors']}",
+        f" peak RSS {fig['peak_rss_gb']:.3f} GB, errors {fig['errors']}{split}",
         file=sys.stderr,
         flush=True,
     )
-    return {"figures": fig, "server_metrics": srv.metrics(), "requests": records}
+    out = {"figures": fig, "server_metrics": after, "requests": records}
+    return out | ({"engine_waits": waits} if waits else {})
+
+
+def engine_waits(before: dict | None, after: dict | None) -> dict[str, float] | None:
+    """Mean queue and prefill time per row over one run, from mlxd's /metrics totals (the
+    engine's split of TTFT); None for a server without them."""
+    if before is None or after is None:
+        return None
+    out = {}
+    for part in ("queue", "prefill"):
+        total = count = 0.0
+        for name, v in after.items():
+            if name.startswith(f"mlxd_request_{part}_seconds_"):
+                d = v - before.get(name, 0.0)
+                total += d if "_sum{" in name else 0.0
+                count += d if "_count{" in name else 0.0
+        if count:
+            out[part] = total / count
+    return out or None
 
 
 def summarize(result: dict[str, Any], ns: list[int]) -> dict[str, Any]:

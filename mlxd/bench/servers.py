@@ -147,8 +147,9 @@ class Server:
         return time.perf_counter() - t0
 
     def metrics(self) -> dict[str, float] | None:
-        """The memory and KV gauges of the server's /metrics (mlxd has one, mlx_lm.server not):
-        they see what the RSS may not (e.g. KV reserved on a GPU); None without /metrics."""
+        """The memory and KV gauges and latency sums of the server's /metrics (mlxd has one,
+        mlx_lm.server not): they see what the RSS may not (e.g. KV reserved on a GPU), and where
+        a first token's wait went (queue, prefill); None without /metrics."""
         try:
             r = httpx.get(self.url + "/metrics", timeout=10)
         except httpx.HTTPError:
@@ -157,7 +158,8 @@ class Server:
             return None
         out: dict[str, float] = {}
         for line in r.text.splitlines():
-            if line[:1] not in ("", "#") and any(k in line for k in ("memory", "kv_")):
+            keep = ("memory", "kv_", "_seconds_sum", "_seconds_count")  # gauges, latency totals
+            if line[:1] not in ("", "#") and any(k in line for k in keep):
                 name, _, value = line.rpartition(" ")
                 try:
                     out[name] = float(value)

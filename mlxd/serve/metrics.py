@@ -91,6 +91,22 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        # The engine's split of a first token's wait (vLLM's queue / prefill times): what TTFT
+        # is made of when many agents arrive at once.
+        self.queue = Histogram(
+            "mlxd_request_queue_seconds",
+            "Submit to admission into a row, per row that produced a token",
+            ep,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prefill = Histogram(
+            "mlxd_request_prefill_seconds",
+            "Admission to the row's first token (prefix fetch, prefill, join), per row",
+            ep,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.prompt = Counter("mlxd_prompt_tokens", "Prompt tokens", ep, registry=r)
         self.cached = Counter(
             "mlxd_cached_prompt_tokens", "Prompt tokens served from the cache", ep, registry=r
@@ -116,6 +132,11 @@ class Metrics:
         itl = self.itl.labels(ep)
         for gap in gen.gaps:
             itl.observe(gap)
+        for done in (h.done for h in gen.handles):
+            if done is not None and done.completion_tokens and done.timings:
+                t = done.timings
+                self.queue.labels(ep).observe(t["queue_s"])
+                self.prefill.labels(ep).observe(t["ttft_s"] - t["queue_s"])
         u = gen.usage
         self.prompt.labels(ep).inc(u.prompt_tokens)
         self.cached.labels(ep).inc(u.cached_tokens)

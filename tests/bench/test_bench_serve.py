@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlxd.bench.fleet import aggregate, build_workload, text_of_tokens
-from mlxd.bench.serve import summarize
+from mlxd.bench.serve import engine_waits, summarize
 from mlxd.cli import main
 
 AGENTS, TURNS, MAX_TOKENS = (1, 2), 2, 8
@@ -55,6 +55,13 @@ def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[...,
             for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_ms", "itl_p99_ms", "peak_rss_gb"):
                 assert fig[key] > 0, (side, n, key)
             assert fig["ttft_p50_s"] <= fig["ttft_p99_s"] and fig["output_tok_s"] > 0
+            # mlxd's /metrics splits each first token's wait; mlx_lm.server has no /metrics.
+            if side == "mlxd":
+                waits = run["engine_waits"]
+                assert set(waits) == {"queue", "prefill"} and waits["prefill"] > 0
+                assert waits["queue"] + waits["prefill"] < max(r["ttft_s"] for r in reqs)
+            else:
+                assert "engine_waits" not in run
     summary = result["summary"]
     assert set(summary) == {"1", "2"}
     assert summary["2"]["ratio"]["output_tok_s"] > 0
@@ -166,6 +173,19 @@ def test_bench_serve_refuses_bad_agent_lists(agents: str) -> None:
     with pytest.raises(SystemExit) as e:
         main(["bench", "serve", "--agents", agents])
     assert e.value.code not in (0, None)
+
+
+def test_engine_waits_are_per_run_means_of_the_metrics_totals() -> None:
+    ep = '{endpoint="chat"}'
+    before = {
+        f"mlxd_request_queue_seconds_sum{ep}": 1.0,
+        f"mlxd_request_queue_seconds_count{ep}": 2,
+    }
+    after = {f"mlxd_request_queue_seconds_sum{ep}": 4.0, f"mlxd_request_queue_seconds_count{ep}": 8}
+    after |= {f"mlxd_request_prefill_seconds_sum{ep}": 3.0}
+    after |= {f"mlxd_request_prefill_seconds_count{ep}": 4}
+    assert engine_waits(before, after) == {"queue": 0.5, "prefill": 0.75}
+    assert engine_waits(None, after) is None and engine_waits({}, {"x": 1.0}) is None
 
 
 def test_a_refused_connection_is_retried_and_counted() -> None:

@@ -111,7 +111,17 @@ def test_counts_match_what_was_sent(qwen3_server) -> None:
         assert ttft == len(sent)
         gaps = delta(before, after, "mlxd_inter_token_latency_seconds_count", endpoint=ep)
         assert gaps == generated - len(sent)
-        assert delta(before, after, "mlxd_time_to_first_token_seconds_sum", endpoint=ep) > 0
+        ttft_s = delta(before, after, "mlxd_time_to_first_token_seconds_sum", endpoint=ep)
+        assert ttft_s > 0
+        # The engine's split of each first token's wait: one queue and one prefill time per
+        # row, inside the server's TTFT (it starts earlier, at the request's submit).
+        waits = {}
+        for part in ("queue", "prefill"):
+            name = f"mlxd_request_{part}_seconds"
+            assert delta(before, after, name + "_count", endpoint=ep) == len(sent)
+            waits[part] = delta(before, after, name + "_sum", endpoint=ep)
+            assert waits[part] >= 0
+        assert 0 < waits["queue"] + waits["prefill"] <= ttft_s
     for (ep, reason), n in reasons.items():
         reason = "stop" if reason == "tool_calls" else reason
         got = delta(before, after, "mlxd_requests_finished_total", endpoint=ep, reason=reason)
