@@ -7,7 +7,8 @@ sleeps), in interleaved rounds. docs/benchmarks.md (B=1 on the CPU, session 8).
 mlx-lm does its per-token work (detokenize, response) on the thread that runs the model; mlxd
 does it on the reader's thread, which needs a core of its own to run beside the engine's.
 "mlx-lm on a thread" runs mlx-lm's own loop behind the same kind of hand-off, to tell a cost of
-the hand-off from a cost of mlxd's engine.
+the hand-off from a cost of mlxd's engine; "serial row, no engine" runs mlxd's B=1 step on the
+caller's thread with no hand-off at all; "mlxd stream_generate" is the whole Python API path.
 Figures: ms per generated token (first to last token), median and quartile per variant, and the
 per-round ratio to mlx-lm's.
 """
@@ -22,14 +23,21 @@ from collections.abc import Callable
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
 
+from ..engine import stream_generate as mlxd_stream_generate
 from ..engine.registry import engine_for
 from ..engine.request import GenerationRequest
+from ..engine.serial import SerialRow
 from .models import SHAPES, build_random
 
 
-def _mlx_lm(model, tokenizer, prompt: mx.array, n: int) -> float:
-    stamps = [time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)]
+def _per_token(stamps: list[float]) -> float:
     return 1e3 * (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+
+
+def _mlx_lm(model, tokenizer, prompt: mx.array, n: int) -> float:
+    return _per_token(
+        [time.perf_counter() for _ in stream_generate(model, tokenizer, prompt, max_tokens=n)]
+    )
 
 
 def _mlx_lm_thread(model, tokenizer, prompt: mx.array, n: int) -> float:
@@ -45,7 +53,27 @@ def _mlx_lm_thread(model, tokenizer, prompt: mx.array, n: int) -> float:
     stamps = []
     while q.get() is not None:
         stamps.append(time.perf_counter())
-    return 1e3 * (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+    return _per_token(stamps)
+
+
+def _mlxd_api(model, tokenizer, prompt: mx.array, n: int) -> float:
+    """mlxd's stream_generate: the engine plus the reader's detokenizing and responses."""
+    gen = mlxd_stream_generate(model, tokenizer, prompt, max_tokens=n)
+    return _per_token([time.perf_counter() for _ in gen])
+
+
+def _serial_here(model, prompt: mx.array, n: int) -> float:
+    """mlxd's B=1 row (serial.py) driven on this thread, no engine: its step against
+    generate_step's without any hand-off, to tell a cost of the step from one of the thread."""
+    from mlx_lm.generate import generation_stream
+
+    row = SerialRow(model, GenerationRequest(prompt=prompt, max_tokens=n), generation_stream)
+    while row.prefilling:
+        row.prefill_chunk()
+    stamps = []
+    while row.decode() is not None:
+        stamps.append(time.perf_counter())
+    return _per_token(stamps)
 
 
 def _engine(model, prompt: mx.array, n: int, read: bool) -> float:
@@ -69,6 +97,8 @@ def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> dict[str, list
         "mlx-lm on a thread": lambda: _mlx_lm_thread(bm.model, bm.tokenizer, prompt, gen),
         "engine, read per token": lambda: _engine(bm.model, prompt, gen, read=True),
         "engine, reader asleep": lambda: _engine(bm.model, prompt, gen, read=False),
+        "mlxd stream_generate": lambda: _mlxd_api(bm.model, bm.tokenizer, prompt, gen),
+        "serial row, no engine": lambda: _serial_here(bm.model, prompt, gen),
     }
     for fn in variants.values():  # warm-up
         fn()

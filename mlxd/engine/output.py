@@ -2,6 +2,7 @@
 final event with usage and timings. One class for serial and batched rows, so both end alike."""
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -11,10 +12,31 @@ from .request import DoneEvent, GenerationRequest, TokenEvent
 from .sampling import seed_key
 
 
-def top_k(logprobs: mx.array, k: int) -> list[tuple[int, float]]:
+def _top(logprobs: mx.array, k: int) -> tuple[mx.array, mx.array]:
     """mlx_lm.server's top tokens: `argpartition` order (unsorted), as its response shows them."""
     ids = mx.argpartition(-logprobs, kth=k - 1)[:k]
-    return list(zip(ids.tolist(), logprobs[ids].tolist(), strict=True))
+    return ids, logprobs[ids]
+
+
+@dataclass
+class Readout:
+    """The logprob figures a request asked for, built in the serial step's graph next to its
+    token: reading them back adds no ops (otherwise a gather and an argpartition, evaluated and
+    waited for once per token). Batched rows build theirs from their row after the step."""
+
+    picked: mx.array | None = None  # the sampled token's log-probability, shape (1,)
+    top: tuple[mx.array, mx.array] | None = None  # top_logprobs' ids and values
+
+    @classmethod
+    def build(cls, req: GenerationRequest, y: mx.array, logprobs: mx.array) -> "Readout | None":
+        """`y`: the sampled token (1,); `logprobs`: its vector (vocab,). None when not asked."""
+        if not req.logprob and req.top_logprobs <= 0:
+            return None
+        picked = logprobs[y] if req.logprob else None
+        return cls(picked, _top(logprobs, req.top_logprobs) if req.top_logprobs > 0 else None)
+
+    def arrays(self) -> list[mx.array]:
+        return [a for a in (self.picked, *(self.top or ())) if a is not None]
 
 
 def prepare(req: GenerationRequest) -> None:
@@ -47,8 +69,11 @@ class RowOutput:
         self.count = 0
         self.times = {"submitted": submitted, "admitted": time.perf_counter()}
 
-    def token(self, token: int, logprobs: mx.array) -> tuple[TokenEvent, str | None]:
-        """The event for one generated token and the finish reason it causes, if any."""
+    def token(
+        self, token: int, logprobs: mx.array, read: Readout | None = None
+    ) -> tuple[TokenEvent, str | None]:
+        """The event for one generated token and the finish reason it causes, if any. `read`:
+        its logprob figures from the step's graph (else built here, from `logprobs`)."""
         self.count += 1
         if self.count == 1:
             self.times["first_token"] = time.perf_counter()
@@ -64,9 +89,11 @@ class RowOutput:
             text += self._flush()  # so a server sends it before the row's cache is stored
         event = TokenEvent(token, logprobs, text, reason)
         if self.req.logprob:
-            event.logprob = logprobs[token].item()
+            picked = read.picked if read is not None else None
+            event.logprob = (picked if picked is not None else logprobs[token]).item()
         if (k := self.req.top_logprobs) > 0:
-            event.top_logprobs = top_k(logprobs, k)
+            ids, values = read.top if read is not None and read.top else _top(logprobs, k)
+            event.top_logprobs = list(zip(ids.tolist(), values.tolist(), strict=True))
         return event, reason
 
     def _flush(self) -> str:

@@ -5,6 +5,7 @@ ones generate_step enqueues, in the same order, so its tokens and logprobs are t
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -14,8 +15,9 @@ from mlx_lm.utils import does_model_support_input_embeddings
 
 from ..kv.convert import converter
 from ..store.layers import clone
+from .output import Readout
 from .prefix import Plan
-from .request import GenerationRequest, TokenEvent
+from .request import GenerationRequest
 
 
 def validate(req: GenerationRequest, model: Any) -> None:
@@ -34,6 +36,15 @@ def validate(req: GenerationRequest, model: Any) -> None:
             )
     elif n == 0:
         raise ValueError("Either input_embeddings or prompt (or both) must be provided.")
+
+
+@dataclass
+class Step:
+    """One decoded token of the serial row: its id, log-probability vector and figures."""
+
+    token: int
+    logprobs: mx.array
+    read: Readout | None
 
 
 class SerialRow:
@@ -68,6 +79,7 @@ class SerialRow:
         )
         self.y: mx.array | None = None  # pipeline register: the token being computed
         self.logprobs: mx.array | None = None
+        self.read: Readout | None = None  # its logprob figures, when asked (same graph)
         self.n = 0
         self.emitted: list[int] = []  # tokens handed to the caller (the engine appends)
         self.progress(0, self.total)
@@ -98,6 +110,7 @@ class SerialRow:
         row.total = row.processed = len(req.prompt)
         row.tokens = mx.array(history) if row.processors else None
         row.y, row.logprobs = pending
+        row.read = None  # the batch's pending token: RowOutput builds its figures
         row.n, row.emitted = len(emitted), list(emitted)
         return row
 
@@ -147,25 +160,27 @@ class SerialRow:
                 mx.clear_cache()
                 return
             self.y, self.logprobs = self._step(self.prompt, self.emb)
-            mx.async_eval(self.y, self.logprobs)
+            self.read = Readout.build(self.req, self.y, self.logprobs)
+            mx.async_eval(self.y, self.logprobs, *(self.read.arrays() if self.read else ()))
 
-    def decode(self) -> TokenEvent | None:
+    def decode(self) -> Step | None:
         """Dispatch the next step, then read back the current token (None when max reached)."""
         req = self.req
         if self.n != req.max_tokens:
             next_y, next_lp = self._step(self.y)
-            mx.async_eval(next_y, next_lp)
+            next_read = Readout.build(req, next_y, next_lp)
+            mx.async_eval(next_y, next_lp, *(next_read.arrays() if next_read else ()))
         if self.n == 0:
             mx.eval(self.y)
             self.progress(self.total, self.total)
         if self.n == req.max_tokens:
             return None
-        event = TokenEvent(self.y.item(), self.logprobs)
+        step = Step(self.y.item(), self.logprobs, self.read)
         if self.n % 256 == 0:
             mx.clear_cache()
-        self.y, self.logprobs = next_y, next_lp
+        self.y, self.logprobs, self.read = next_y, next_lp, next_read
         self.n += 1
-        return event
+        return step
 
     def handoff(self) -> tuple[list[int], list[int], mx.array | None]:
         """Stop here so the batch can continue this row: (tokens to feed next, tokens already

@@ -60,7 +60,7 @@ class Turns:
                 else:
                     row.emitted.append(step.token)
                     self._tokens += 1
-                    event, reason = out.token(step.token, step.logprobs)
+                    event, reason = out.token(step.token, step.logprobs, step.read)
                     handle.put(event)
                     if reason is not None:
                         done = out.done(reason)

@@ -174,10 +174,23 @@ def test_engine_runs_on_its_own_thread(model) -> None:
 
 
 @pytest.mark.parametrize("concurrent", [1, 3], ids=["serial", "batched"])
-def test_token_events_carry_logprob_top_logprobs_and_finish(model, concurrent: int) -> None:
+def test_token_events_carry_logprob_top_logprobs_and_finish(
+    model, concurrent: int, monkeypatch
+) -> None:
     """`logprob` is the sampled token's entry of the logprob vector and `top_logprobs` the k
     largest entries (mlx_lm.server computes them with argpartition: compared as sets here, each
-    value equal to the vector's own); the last event names the finish reason."""
+    value equal to the vector's own); the last event names the finish reason. The serial row
+    builds them in its step's graph (Readout), so reading them back adds no ops."""
+    from mlxd.engine.output import RowOutput
+
+    built_in_step: list[bool] = []
+    token = RowOutput.token
+
+    def spy(self, tok, logprobs, read=None):
+        built_in_step.append(read is not None)
+        return token(self, tok, logprobs, read)
+
+    monkeypatch.setattr(RowOutput, "token", spy)
     engine = Engine(model, batch=4)
     try:
         reqs = [
@@ -194,6 +207,8 @@ def test_token_events_carry_logprob_top_logprobs_and_finish(model, concurrent: i
                 best = sorted(range(len(vector)), key=lambda i: -vector[i])[:5]
                 assert {i for i, _ in e.top_logprobs} == set(best)
                 assert all(lp == vector[i] for i, lp in e.top_logprobs)
+        # Batched rows read their row of the step's logprobs (one gather each, after the step).
+        assert built_in_step == [concurrent == 1] * (6 * concurrent)
     finally:
         engine.close()
 
