@@ -8,7 +8,8 @@ mlx-lm does its per-token work (detokenize, response) on the thread that runs th
 does it on the reader's thread, which needs a core of its own to run beside the engine's.
 "mlx-lm on a thread" runs mlx-lm's own loop behind the same kind of hand-off, to tell a cost of
 the hand-off from a cost of mlxd's engine; "serial row, no engine" runs mlxd's B=1 step on the
-caller's thread with no hand-off at all; "mlxd stream_generate" is the whole Python API path.
+caller's thread with no hand-off at all; "mlxd stream_generate" is the whole Python API path;
+"engine detokenizes" moves the detokenizer onto the engine thread, as the server has it.
 Figures: ms per generated token (first to last token), median and quartile per variant, and the
 per-round ratio to mlx-lm's.
 """
@@ -24,6 +25,7 @@ import mlx.core as mx
 from mlx_lm.generate import stream_generate
 
 from ..engine import stream_generate as mlxd_stream_generate
+from ..engine.engine import Engine
 from ..engine.registry import engine_for
 from ..engine.request import GenerationRequest
 from ..engine.serial import SerialRow
@@ -89,8 +91,16 @@ def _engine(model, prompt: mx.array, n: int, read: bool) -> float:
     return 1e3 * done.timings["decode_s"] / (done.completion_tokens - 1)
 
 
+def _engine_detok(engine: Engine, prompt: mx.array, n: int) -> float:
+    """An engine that detokenizes on its own thread (the server's split): the reader only
+    takes each token's text, as mlx-lm's loop hands it over."""
+    handle = engine.submit(GenerationRequest(prompt=prompt, max_tokens=n))
+    return _per_token([time.perf_counter() for _ in handle])  # each event holds its text
+
+
 def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> dict[str, list[float]]:
     bm = build_random(shape, "bfloat16")
+    detok = Engine(bm.model, tokenizer=bm.tokenizer)
     prompt = mx.array([1 + i % (bm.vocab_size - 1) for i in range(prompt_tokens)])
     variants: dict[str, Callable[[], float]] = {
         "mlx-lm": lambda: _mlx_lm(bm.model, bm.tokenizer, prompt, gen),
@@ -99,6 +109,7 @@ def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> dict[str, list
         "engine, reader asleep": lambda: _engine(bm.model, prompt, gen, read=False),
         "mlxd stream_generate": lambda: _mlxd_api(bm.model, bm.tokenizer, prompt, gen),
         "serial row, no engine": lambda: _serial_here(bm.model, prompt, gen),
+        "engine detokenizes": lambda: _engine_detok(detok, prompt, gen),
     }
     for fn in variants.values():  # warm-up
         fn()
@@ -106,6 +117,7 @@ def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> dict[str, list
     for r in range(rounds):
         for k in list(variants)[:: 1 if r % 2 == 0 else -1]:
             out[k].append(variants[k]())
+    detok.close()
     return out
 
 

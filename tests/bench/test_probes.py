@@ -59,7 +59,7 @@ def test_probe_graphs_times_each_variant_per_row_count(capsys, step: str) -> Non
     assert re.search(want, lines[0])
 
 
-def test_probe_handoff_reports_six_variants_with_ratios(capsys) -> None:
+def test_probe_handoff_reports_seven_variants_with_ratios(capsys) -> None:
     probe_handoff.main(
         ["--shape", "qwen3-host", "--rounds", "2", "--prompt-tokens", "8", "--gen-tokens", "12"]
     )
@@ -71,6 +71,7 @@ def test_probe_handoff_reports_six_variants_with_ratios(capsys) -> None:
         "engine, reader asleep",
         "mlxd stream_generate",
         "serial row, no engine",
+        "engine detokenizes",
     ]
     assert all(re.search(r" [\d.]+ ms/token \(q25 [\d.]+\)", line) for line in lines)
     assert all(re.search(r"per-round / mlx-lm [\d.]+ \[[\d.]+-[\d.]+\]$", x) for x in lines[1:])
