@@ -101,7 +101,9 @@ class BatchedRows:
         if not config.clear_cache:
             keep_buffers(self.gen)
         on = config.batch_sampling
-        BiasedGenerationBatch.install(self.gen, model, default_on() if on is None else on)
+        self.decode = BiasedGenerationBatch.install(
+            self.gen, model, default_on() if on is None else on
+        )
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
         self.rows: dict[int, BatchedRow] = {}
@@ -142,6 +144,8 @@ class BatchedRows:
         for uid, row in zip(uids, rows, strict=True):
             row.uid = uid
             self.rows[uid] = row
+            if row.req.logprob or row.req.top_logprobs > 0:  # built in the step (Readout)
+                self.decode.wants[uid] = (row.req.logprob, row.req.top_logprobs)
 
     @staticmethod
     def _segments(row: BatchedRow, feed: list[int], history: list[int]) -> list[list[int]]:
@@ -181,6 +185,7 @@ class BatchedRows:
             self.sharing.forget(row.req)
         self.gen.remove([row.uid])
         self.rows.pop(row.uid, None)
+        self.decode.wants.pop(row.uid, None)
 
     def lone_row(self) -> tuple[BatchedRow, list[Any], tuple[mx.array, mx.array]] | None:
         """The last row, its caches without padding and its pending token, when it is the only
@@ -203,10 +208,11 @@ class BatchedRows:
         if self.sharing is not None:
             self._snapshots(prompt_responses)
         events: list[tuple[RequestHandle, TokenEvent | DoneEvent]] = []
+        reads = self.decode.current_read
         for r in responses:
             row = self.rows[r.uid]
             row.generated.append(r.token)
-            event, reason = row.out.token(r.token, r.logprobs)
+            event, reason = row.out.token(r.token, r.logprobs, reads.get(r.uid))
             event.finish = reason = reason or r.finish_reason
             events.append((row.handle, event))
             if reason is not None:
@@ -216,6 +222,7 @@ class BatchedRows:
                 self._finished(row, r)
                 events.append((row.handle, done))
                 del self.rows[r.uid]
+                self.decode.wants.pop(r.uid, None)
         return events
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ from mlx_lm.generate import GenerationBatch
 from ..constrain.mask import apply_bitmask
 from .batch_penalties import apply_penalties
 from .batch_sampling import sample_rows
+from .output import Readout
 from .sampling import LogitBias, Penalty
 
 
@@ -42,6 +43,11 @@ class BiasedGenerationBatch(GenerationBatch):
     _bias: tuple[mx.array, mx.array, mx.array] | None = None
     _masker: Any = None
     batch_sampling = False  # rows' different samplers in batched calls (batch_sampling.py)
+    # uid -> (logprob?, top k) of rows that asked for logprob figures, and the figures of the
+    # tokens the last step returned / the one now computing (by uid: rows move between steps)
+    wants: dict[int, tuple[bool, int]]
+    current_read: dict[int, Readout]
+    _next_read: dict[int, Readout]
 
     @classmethod
     def install(cls, gen: Any, model: Any, batch_sampling: bool) -> "BiasedGenerationBatch":
@@ -49,11 +55,14 @@ class BiasedGenerationBatch(GenerationBatch):
         (BatchGenerator never replaces it)."""
         gen._generation_batch = batch = cls.empty(model, gen.sampler)
         batch.batch_sampling = batch_sampling
+        batch.wants, batch.current_read, batch._next_read = {}, {}, {}
         return batch
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
         kinds = [_kinds(p) for p in self.logits_processors]
-        if any(k is None for k in kinds) or not (any(self.logits_processors) or self._mixed()):
+        self.current_read, self._next_read = self._next_read, {}
+        ours = any(self.logits_processors) or self._mixed() or self._reading()
+        if any(k is None for k in kinds) or not ours:
             return super()._step()  # other processors, or nothing this step does otherwise
         biases = [k[0] for k in kinds]  # type: ignore[index]
         penalties = [k[1] for k in kinds]  # type: ignore[index]
@@ -94,12 +103,25 @@ class BiasedGenerationBatch(GenerationBatch):
             )
         self._next_tokens = sampled
         self._next_logprobs = list(logprobs)
-        mx.async_eval(self._next_tokens, self._next_logprobs)
+        self._next_read = self._readouts(sampled, self._next_logprobs)
+        reads = [a for r in self._next_read.values() for a in r.arrays()]
+        mx.async_eval(self._next_tokens, self._next_logprobs, *reads)
         mx.eval(inputs, self._current_logprobs)
         tokens = inputs.tolist()
         for history, token in zip(self.tokens, tokens, strict=True):
             history.append(token)
         return tokens, self._current_logprobs
+
+    def _reading(self) -> bool:
+        """A row asked for logprob figures (built in this step's graph, not after it)."""
+        return any(uid in self.wants for uid in self.uids)
+
+    def _readouts(self, sampled: mx.array, logprobs: list[mx.array]) -> dict[int, Readout]:
+        out = {}
+        for e, uid in enumerate(self.uids):
+            if (want := self.wants.get(uid)) is not None:
+                out[uid] = Readout.of(want[0], want[1], sampled[e : e + 1], logprobs[e])
+        return out
 
     def _mixed(self) -> bool:
         """Rows hold different samplers and the batched draw is on."""

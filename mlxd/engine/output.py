@@ -20,9 +20,10 @@ def _top(logprobs: mx.array, k: int) -> tuple[mx.array, mx.array]:
 
 @dataclass
 class Readout:
-    """The logprob figures a request asked for, built in the serial step's graph next to its
-    token: reading them back adds no ops (otherwise a gather and an argpartition, evaluated and
-    waited for once per token). Batched rows build theirs from their row after the step."""
+    """The logprob figures a request asked for, built in the step's graph next to its token:
+    reading them back adds no ops (otherwise a gather and an argpartition, evaluated and waited
+    for once per token and row). A row's first batched token (from mlx-lm's prompt batch) and
+    a batch on mlx-lm's own step (a caller's processor) build theirs after the step."""
 
     picked: mx.array | None = None  # the sampled token's log-probability, shape (1,)
     top: tuple[mx.array, mx.array] | None = None  # top_logprobs' ids and values
@@ -32,8 +33,11 @@ class Readout:
         """`y`: the sampled token (1,); `logprobs`: its vector (vocab,). None when not asked."""
         if not req.logprob and req.top_logprobs <= 0:
             return None
-        picked = logprobs[y] if req.logprob else None
-        return cls(picked, _top(logprobs, req.top_logprobs) if req.top_logprobs > 0 else None)
+        return cls.of(req.logprob, req.top_logprobs, y, logprobs)
+
+    @classmethod
+    def of(cls, logprob: bool, k: int, y: mx.array, logprobs: mx.array) -> "Readout":
+        return cls(logprobs[y] if logprob else None, _top(logprobs, k) if k > 0 else None)
 
     def arrays(self) -> list[mx.array]:
         return [a for a in (self.picked, *(self.top or ())) if a is not None]

@@ -89,3 +89,36 @@ def test_a_row_with_a_penalty_shares_the_batched_step(
     _same(_run(model, prompts, 8, eos, params), ref)
     # The penalised row no longer sends the batch to mlx-lm's per-row step (batch_penalties.py).
     assert len(TEXTS) in spy
+
+
+def test_rows_asking_for_logprobs_take_mlxd_step_with_batch_generator_bits(
+    tiny_model: Callable[..., Path],
+) -> None:
+    """A row with logprob / top_logprobs moves a plain greedy batch onto mlxd's step (its
+    figures are built in the step's graph): tokens and logprob arrays stay BatchGenerator's,
+    and each figure is its vector's own entry."""
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model("qwen3")))
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    ref = _oracle(model, prompts, 8, eos, None)
+    engine = Engine(model)
+    try:
+        reqs = [
+            GenerationRequest(
+                prompt=mx.array(p), max_tokens=8, stop_token_ids=eos,
+                logprob=i % 2 == 0, top_logprobs=3 if i < 2 else 0,
+            )
+            for i, p in enumerate(prompts)
+        ]  # fmt: skip
+        events = [list(h) for h in engine.submit_many(reqs)]
+    finally:
+        engine.close()
+    _same([[(e.token, e.logprobs) for e in row] for row in events], ref)
+    for req, row in zip(reqs, events, strict=True):
+        for e in row:
+            vector = e.logprobs.tolist()
+            assert (e.logprob == vector[e.token]) if req.logprob else e.logprob is None
+            tops = e.top_logprobs or []
+            assert len(tops) == req.top_logprobs and all(lp == vector[i] for i, lp in tops)
