@@ -104,12 +104,19 @@ class BatchedRows:
         self.decode = BiasedGenerationBatch.install(
             self.gen, model, default_on() if on is None else on
         )
+        self.decode.wants = self._wants  # rows' logprob figures are built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
         self.rows: dict[int, BatchedRow] = {}
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def _wants(self, uid: int) -> tuple[bool, int] | None:
+        row = self.rows.get(uid)
+        if row is None or (not row.req.logprob and row.req.top_logprobs <= 0):
+            return None
+        return row.req.logprob, row.req.top_logprobs
 
     def insert(
         self,
@@ -144,8 +151,6 @@ class BatchedRows:
         for uid, row in zip(uids, rows, strict=True):
             row.uid = uid
             self.rows[uid] = row
-            if row.req.logprob or row.req.top_logprobs > 0:  # built in the step (Readout)
-                self.decode.wants[uid] = (row.req.logprob, row.req.top_logprobs)
 
     @staticmethod
     def _segments(row: BatchedRow, feed: list[int], history: list[int]) -> list[list[int]]:
@@ -185,7 +190,6 @@ class BatchedRows:
             self.sharing.forget(row.req)
         self.gen.remove([row.uid])
         self.rows.pop(row.uid, None)
-        self.decode.wants.pop(row.uid, None)
 
     def lone_row(self) -> tuple[BatchedRow, list[Any], tuple[mx.array, mx.array]] | None:
         """The last row, its caches without padding and its pending token, when it is the only
@@ -222,7 +226,6 @@ class BatchedRows:
                 self._finished(row, r)
                 events.append((row.handle, done))
                 del self.rows[r.uid]
-                self.decode.wants.pop(r.uid, None)
         return events
 
     def close(self) -> None:

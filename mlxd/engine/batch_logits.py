@@ -10,6 +10,7 @@ frequency penalties run kind by kind over the batch (batch_penalties.py). Any ot
 (a caller's callable) takes mlx-lm's own step, unchanged.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -43,9 +44,10 @@ class BiasedGenerationBatch(GenerationBatch):
     _bias: tuple[mx.array, mx.array, mx.array] | None = None
     _masker: Any = None
     batch_sampling = False  # rows' different samplers in batched calls (batch_sampling.py)
-    # uid -> (logprob?, top k) of rows that asked for logprob figures, and the figures of the
-    # tokens the last step returned / the one now computing (by uid: rows move between steps)
-    wants: dict[int, tuple[bool, int]]
+    # uid -> (logprob?, top k) when that row asked for logprob figures (its owner's lookup), and
+    # the figures of the tokens the last step returned / the ones now computing (by uid: rows
+    # move between steps)
+    wants: Callable[[int], tuple[bool, int] | None]
     current_read: dict[int, Readout]
     _next_read: dict[int, Readout]
 
@@ -55,7 +57,7 @@ class BiasedGenerationBatch(GenerationBatch):
         (BatchGenerator never replaces it)."""
         gen._generation_batch = batch = cls.empty(model, gen.sampler)
         batch.batch_sampling = batch_sampling
-        batch.wants, batch.current_read, batch._next_read = {}, {}, {}
+        batch.wants, batch.current_read, batch._next_read = lambda _uid: None, {}, {}
         return batch
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
@@ -114,12 +116,12 @@ class BiasedGenerationBatch(GenerationBatch):
 
     def _reading(self) -> bool:
         """A row asked for logprob figures (built in this step's graph, not after it)."""
-        return any(uid in self.wants for uid in self.uids)
+        return any(self.wants(uid) is not None for uid in self.uids)
 
     def _readouts(self, sampled: mx.array, logprobs: list[mx.array]) -> dict[int, Readout]:
         out = {}
         for e, uid in enumerate(self.uids):
-            if (want := self.wants.get(uid)) is not None:
+            if (want := self.wants(uid)) is not None:
                 out[uid] = Readout.of(want[0], want[1], sampled[e : e + 1], logprobs[e])
         return out
 

@@ -74,5 +74,4 @@ def crossing(batch: BatchedRows, events: list[Event]) -> list[Joiner]:
     for _, row in due:
         batch.gen.remove([row.uid])
         batch.rows.pop(row.uid, None)
-        batch.decode.wants.pop(row.uid, None)
     return joiners
