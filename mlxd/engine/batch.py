@@ -5,6 +5,7 @@ Rows admitted together get exactly BatchGenerator's tokens at that composition; 
 decides who joins and when, and maps its responses back to the rows' handles.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,20 @@ def _merges(layer: Any) -> bool:
     return hasattr(layer, "merge") or type(layer) is QuantizedKVCache  # see kv.mergeable
 
 
+def _wants(rows: dict[int, BatchedRow]) -> Callable[[int], tuple[bool, int] | None]:
+    """A row's (logprob?, top k) when it asked for logprob figures. It closes over the rows
+    only: a bound method would tie the step to BatchedRows in a cycle, and the batch's caches
+    would wait for the garbage collector instead of going when it closes."""
+
+    def lookup(uid: int) -> tuple[bool, int] | None:
+        row = rows.get(uid)
+        if row is None or (not row.req.logprob and row.req.top_logprobs <= 0):
+            return None
+        return row.req.logprob, row.req.top_logprobs
+
+    return lookup
+
+
 class BatchedRows:
     """The batched rows of one engine (created when a second row joins)."""
 
@@ -104,19 +119,13 @@ class BatchedRows:
         self.decode = BiasedGenerationBatch.install(
             self.gen, model, default_on() if on is None else on
         )
-        self.decode.wants = self._wants  # rows' logprob figures are built in the step (Readout)
+        self.rows: dict[int, BatchedRow] = {}
+        self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
-        self.rows: dict[int, BatchedRow] = {}
 
     def __len__(self) -> int:
         return len(self.rows)
-
-    def _wants(self, uid: int) -> tuple[bool, int] | None:
-        row = self.rows.get(uid)
-        if row is None or (not row.req.logprob and row.req.top_logprobs <= 0):
-            return None
-        return row.req.logprob, row.req.top_logprobs
 
     def insert(
         self,
