@@ -32,6 +32,7 @@ from .rng import KeyOwner, repair_key
 from .routing import Routing
 from .serial import validate
 from .threads import run_on_worker
+from .trace import Trace
 from .turns import Turns
 
 __all__ = ["Engine", "Overloaded"]
@@ -96,6 +97,7 @@ class Engine(PrefixRows, Routing, Turns):
         self._tokens, self._busy_s = 0, 0.0
         self._keys = KeyOwner()
         self._stopped = threading.Event()
+        self._trace = Trace.from_env()  # MLXD_TRACE=FILE: a line per turn; else a no-op
         self._thread = run_on_worker(self._loop, self._stopped)
         _live.add(self)
 
@@ -224,22 +226,33 @@ class Engine(PrefixRows, Routing, Turns):
             handle.put(DoneEvent("cancelled"))
 
     def _loop(self) -> None:
+        trace = self._trace
         while True:
             try:
+                trace.begin()
                 self._admit()
                 if self.admission.closed:
                     self._shutdown()
+                    trace.close()
                     return
                 tic = time.perf_counter()
+                trace.mark("admit")  # with the wait for work while idle
                 if self._forks:
                     self._fork_turn()
+                    trace.mark("fork")
                 if self._serial is not None:
                     self._serial_turn()
+                    trace.mark("serial")
                 if self._batches:
+                    trace.batches(self._batches, before=True)
                     self._batch_turns()
+                    trace.batches(self._batches, before=False)
+                    trace.mark("batch")
                 if self.sharing is not None:
                     self.sharing.tick()
+                    trace.mark("tick")
                 self._busy_s += time.perf_counter() - tic
+                trace.end(self._active, len(self.admission.waiting), self.paths)
             except Exception as e:  # noqa: BLE001 - the loop must outlive any one turn's failure
                 log.exception("engine turn failed; its rows end with the error")
                 self._fail_running(e)

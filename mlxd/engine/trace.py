@@ -1,0 +1,91 @@
+"""MLXD_TRACE=FILE: one JSON line per engine turn (where the loop's time went), for device runs.
+
+A line has the turn's start (`t`, seconds since the engine started), the host time of each phase
+(`admit` (with any idle wait), `fork`, `serial`, `batch`, `tick`), the rows running and waiting,
+what the paths counter gained (rows admitted serial / batched, moves), and BatchGenerator's
+counters over the turn (prompt tokens and time, decode steps and time). Unset: every call is a
+no-op (`NoTrace`).
+"""
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import IO, Any
+
+Counters = tuple[int, float, int, float]
+
+
+class NoTrace:
+    """The engine's trace when MLXD_TRACE is unset: each call returns at once."""
+
+    def begin(self) -> None:
+        pass
+
+    def mark(self, phase: str) -> None:
+        pass
+
+    def batches(self, batches: dict[Any, Any], before: bool) -> None:
+        pass
+
+    def end(self, active: Callable[[], list[Any]], waiting: int, paths: Counter[str]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Trace(NoTrace):
+    def __init__(self, path: str) -> None:
+        # Line-buffered: a server that is killed keeps the lines of its last turns.
+        self._out: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - closed by the engine
+        self._t0 = self._last = time.perf_counter()
+        self._paths: Counter[str] = Counter()
+        self._rec: dict[str, Any] = {}
+        self._before: list[tuple[Any, Any, Counters]] = []
+
+    @staticmethod
+    def from_env() -> NoTrace:
+        path = os.environ.get("MLXD_TRACE")
+        return Trace(path) if path else NoTrace()
+
+    def begin(self) -> None:
+        self._last = now = time.perf_counter()
+        self._rec = {"t": round(now - self._t0, 6)}
+
+    def mark(self, phase: str) -> None:
+        """The host time since the last mark goes to `phase`."""
+        now = time.perf_counter()
+        self._rec[phase] = round(now - self._last, 6)
+        self._last = now
+
+    def batches(self, batches: dict[Any, Any], before: bool) -> None:
+        """BatchGenerator's prompt / decode counters around the batch phase (deltas per turn,
+        a batch that closed in it included)."""
+        if before:
+            self._before = [(fmt, b, _counters(b)) for fmt, b in batches.items()]
+            return
+        for fmt, b, was in self._before:
+            d = [x - y for x, y in zip(_counters(b), was, strict=True)]
+            self._rec.setdefault("gen", []).append(
+                {"fmt": str(fmt), "rows": len(b), "prompt_tokens": d[0],
+                 "prompt_s": round(d[1], 6), "decode_steps": d[2], "decode_s": round(d[3], 6)}
+            )  # fmt: skip
+        self._before = []
+
+    def end(self, active: Callable[[], list[Any]], waiting: int, paths: Counter[str]) -> None:
+        moved = paths - self._paths
+        self._paths = Counter(paths)
+        self._rec.update(active=len(active()), waiting=waiting)
+        if moved:
+            self._rec["paths"] = dict(moved)
+        self._out.write(json.dumps(self._rec) + "\n")
+
+    def close(self) -> None:
+        self._out.close()
+
+
+def _counters(batch: Any) -> Counters:
+    c = batch.gen._counters  # mlx-lm's BatchCounters
+    return c.prompt_tokens, c.prompt_time, c.generation_steps, c.decode_time

@@ -1,0 +1,55 @@
+"""MLXD_TRACE: a JSON line per engine turn, with the phases that ran and what they did."""
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+from mlxd.engine.trace import NoTrace, Trace
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Callable[..., Path]):
+    from mlx_lm import load
+
+    return load(str(tiny_model("qwen3")))[0]
+
+
+def test_unset_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLXD_TRACE", raising=False)
+    assert type(Trace.from_env()) is NoTrace
+
+
+def test_a_line_per_turn_with_phases_paths_and_batch_counters(
+    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MLXD_TRACE", str(path))
+    engine = Engine(model, batch=4)
+    try:
+        first = engine.submit(GenerationRequest(prompt=mx.array([1, 2, 3, 4]), max_tokens=6))
+        next(iter(first))  # the lone row decodes serially before the second joins
+        second = engine.submit(
+            GenerationRequest(prompt=mx.array(list(range(10, 30))), max_tokens=6)
+        )
+        first.wait(), second.wait()
+    finally:
+        engine.close()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [x["t"] for x in lines] == sorted(x["t"] for x in lines)
+    assert all("admit" in x and x["active"] >= 0 and x["waiting"] >= 0 for x in lines)
+    paths: dict[str, int] = {}
+    for x in lines:
+        for k, v in x.get("paths", {}).items():
+            paths[k] = paths.get(k, 0) + v
+    assert paths == engine.paths  # every path taken shows up in the turn that took it
+    assert any("serial" in x for x in lines) and any("batch" in x for x in lines)
+    gen = [g for x in lines for g in x.get("gen", [])]
+    # The second prompt's 20 tokens are prefilled by BatchGenerator (the last one in its first
+    # step); the batch decodes until the first row ends, then the other drains to serial.
+    assert sum(g["prompt_tokens"] for g in gen) == 19
+    assert sum(g["decode_steps"] for g in gen) >= 2
