@@ -97,6 +97,16 @@ def _kv_group(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _wave_tokens(value: str) -> int:
+    """`--prefill-batch-tokens`: a token count, or auto (-1: resolved with the other flags)."""
+    if value == "auto":
+        return -1
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError("must be auto or a token count >= 0")
+    return n
+
+
 def _engine_group(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine (L3)")
     g.add_argument(
@@ -113,6 +123,14 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         type=int,
         default=8,
         help="prompts prefilled together when they join the batch (default: 8)",
+    )
+    g.add_argument(
+        "--prefill-batch-tokens",
+        type=_wave_tokens,
+        default=0,
+        help="more prompts prefill together than --prompt-concurrency while rows x the longest "
+        "chunk stays within this many tokens (agents coming back at once join in one wave, not "
+        "one per 8 rows); auto: --prompt-concurrency x --prefill-step-size; 0: off (mlx-lm's)",
     )
     g.add_argument(
         "--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill chunk"

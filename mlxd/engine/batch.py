@@ -22,6 +22,7 @@ from .batch_sampling import default_on
 from .handle import RequestHandle
 from .output import RowOutput
 from .prefix import Plan, PrefixSharing
+from .prompt_waves import wave_rows
 from .request import DoneEvent, GenerationRequest, TokenEvent
 from .rng import current_key, repair_key
 from .sampling import Key, KeyedSampler
@@ -63,6 +64,7 @@ class BatchConfig:
     attention: str = "mlx"  # or folded(+fused): model/folded_attention.py (opt-in, bits on CUDA)
     clear_cache: bool = True  # mlx-lm's mx.clear_cache() after each prefill chunk (batch_prompt.py)
     batch_sampling: bool | None = None  # rows' samplers in batched calls (None: where proven)
+    prefill_tokens: int | None = None  # a wave's token budget (prompt_waves.py; None: rows only)
 
 
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:
@@ -120,6 +122,7 @@ class BatchedRows:
             self.gen, model, default_on() if on is None else on
         )
         self.rows: dict[int, BatchedRow] = {}
+        self.wave = (config.prefill_batch_size, config.prefill_tokens)  # floor, token budget
         self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
@@ -217,6 +220,9 @@ class BatchedRows:
 
     def step(self) -> list[tuple[RequestHandle, TokenEvent | DoneEvent]]:
         """One BatchGenerator turn: a decode step for running rows, a prefill chunk for joiners."""
+        floor, budget = self.wave
+        if budget is not None and self.gen._unprocessed_sequences:
+            self.gen.prefill_batch_size = wave_rows(self.gen, floor, budget)
         prompt_responses, responses = self.gen.next()
         if self.sharing is not None:
             self._snapshots(prompt_responses)

@@ -19,6 +19,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from ..engine import Engine
 from ..engine.batch import BatchConfig
 from ..engine.batch_prompt import clears_cache
+from ..engine.prompt_waves import wave_budget
 from ..kv import mixed
 from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
@@ -114,6 +115,9 @@ class ModelProvider:
                 attention=a.batched_attention,
                 clear_cache=clears_cache(a.prefill_clear_cache),
                 batch_sampling={"on": True, "off": False}.get(a.batched_sampling),
+                prefill_tokens=wave_budget(
+                    a.prefill_batch_tokens, min(a.batch, a.prompt_concurrency), a.prefill_step_size
+                ),
             ),
             prefix_store=store,
             namespace=namespace,

@@ -1,0 +1,79 @@
+"""Prompt waves under a token budget: more joiners prefill together than the row count while
+rows x the longest chunk fits, with BatchGenerator's bits at that composition."""
+
+from collections import deque
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+from fixtures.batch_oracle import batch_generator_outputs
+from mlx_lm.generate import PromptProcessingBatch
+
+from mlxd.engine.batch import BatchConfig
+from mlxd.engine.engine import Engine
+from mlxd.engine.prompt_waves import wave_budget, wave_rows
+from mlxd.engine.request import GenerationRequest
+
+
+def _gen(processing: list[int], queued: list[int], step: int = 100) -> SimpleNamespace:
+    """A BatchGenerator's queue as wave_rows reads it: first-segment lengths per row."""
+    return SimpleNamespace(
+        prefill_step_size=step,
+        _currently_processing=[[[[0] * n, [0]], 0, n + 1] for n in processing],
+        _unprocessed_sequences=deque((uid, [[0] * n, [0]]) for uid, n in enumerate(queued)),
+    )
+
+
+def test_rows_join_while_rows_times_the_longest_chunk_fits() -> None:
+    assert wave_rows(_gen([], [10] * 12), floor=4, budget=100) == 10  # 10 x 10
+    assert wave_rows(_gen([], [10, 10, 60, 10]), floor=1, budget=130) == 2  # 3 x 60 > 130
+    assert wave_rows(_gen([30], [10, 10]), floor=1, budget=90) == 3  # the running row's 30
+    assert wave_rows(_gen([], [500, 500]), floor=1, budget=150) == 1  # chunks cap at the step
+    assert wave_rows(_gen([], [90] * 8), floor=4, budget=100) == 4  # never below mlx-lm's count
+    assert wave_rows(_gen([], []), floor=8, budget=10_000) == 8
+
+
+def test_budget_flag() -> None:
+    assert wave_budget(0, 8, 2048) is None
+    assert wave_budget(-1, 8, 2048) == 8 * 2048
+    assert wave_budget(5000, 8, 2048) == 5000
+
+
+@pytest.mark.parametrize("budget", [2 * 2048, None])
+def test_a_budgeted_wave_equals_batch_generator_at_its_composition(
+    tiny_model, monkeypatch: pytest.MonkeyPatch, budget: int | None
+) -> None:
+    """Six prompts with a row count of 2 prefill in one wave under the budget (in waves of two
+    without it): tokens and logprob arrays equal BatchGenerator's at that composition."""
+    from mlx_lm import load
+
+    waves: list[int] = []  # rows per prefill call, spied on mlx-lm's prompt batch
+    prompt = PromptProcessingBatch.prompt
+
+    def spy(self, tokens):
+        waves.append(len(tokens))
+        return prompt(self, tokens)
+
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", spy)
+
+    model, tok = load(str(tiny_model("qwen3")))
+    prompts = [tok.encode(f"agent {i} says: " + "word " * (3 + 2 * i)) for i in range(6)]
+    eos = frozenset(tok.eos_token_ids)
+    rows = 6 if budget else 2
+    expected = batch_generator_outputs(model, prompts, 8, eos, prefill_batch_size=rows)
+    assert [w for w in waves if w] == [rows] * (6 // rows)
+    waves.clear()
+    config = BatchConfig(6, 2, 2048, prefill_tokens=budget)
+    engine = Engine(model, batch=6, batch_config=config)
+    try:
+        reqs = [
+            GenerationRequest(prompt=mx.array(p), max_tokens=8, stop_token_ids=eos) for p in prompts
+        ]
+        handles = engine.submit_many(reqs)
+        for handle, ref in zip(handles, expected, strict=True):
+            got = [(e.token, e.logprobs) for e in handle]
+            assert [t for t, _ in got] == [t for t, _ in ref]
+            assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(got, ref, strict=True))
+        assert [w for w in waves if w] == [rows] * (6 // rows)
+    finally:
+        engine.close()
