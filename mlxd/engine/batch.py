@@ -62,7 +62,9 @@ class BatchConfig:
     prefill_step_size: int = 2048
     max_kv_size: int | None = None  # one size for every batched row (rotating caches)
     attention: str = "mlx"  # or folded(+fused): model/folded_attention.py (opt-in, bits on CUDA)
-    clear_cache: bool = True  # mlx-lm's mx.clear_cache() after each prefill chunk (batch_prompt.py)
+    # mx.clear_cache() after each prefill chunk (mlx-lm's, batch_prompt.py), a finished serial
+    # row and a closed batch; off where a clear is slow (CUDA). Buffers only: the same bits.
+    clear_cache: bool = True
     batch_sampling: bool | None = None  # rows' samplers in batched calls (None: where proven)
     prefill_tokens: int | None = None  # a wave's token budget (prompt_waves.py; None: rows only)
 
@@ -123,6 +125,7 @@ class BatchedRows:
         )
         self.rows: dict[int, BatchedRow] = {}
         self.wave = (config.prefill_batch_size, config.prefill_tokens)  # floor, token budget
+        self.clears = config.clear_cache
         self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
@@ -251,4 +254,5 @@ class BatchedRows:
             repair_key()
         self._stats_window.__exit__(None, None, None)
         self.gen.close()
-        mx.clear_cache()
+        if self.clears:
+            mx.clear_cache()

@@ -34,6 +34,7 @@ class Routing:
                 h.cached_tokens = req.cached_tokens
             job = ForkJob(self.model, req, handles, generation_stream, self.tokenizer, plan,
                           self._snapshot(req, plan))  # fmt: skip
+            job.row.clears = self.config.clear_cache
             self._forks.append(job)
             self.paths["forked"] += req.n
         joiners, plans = self._share([j for j in joiners if j[0].n == 1])
@@ -47,6 +48,7 @@ class Routing:
             self.paths["alone" if self._alone else "serial"] += 1
             try:
                 row = SerialRow(self.model, req, generation_stream, plan, self._snapshot(req, plan))
+                row.clears = self.config.clear_cache
                 self._serial = (row, handle, out)
             except Exception as e:  # noqa: BLE001 - the caller re-raises it
                 self._alone = False
@@ -57,6 +59,7 @@ class Routing:
             if needs_own_prefill(req, plan):  # it joins once prefilled (crossing.py)
                 job = ForkJob(self.model, req, [handle], generation_stream, self.tokenizer, plan,
                               self._snapshot(req, plan), outs=[out])  # fmt: skip
+                job.row.clears = self.config.clear_cache
                 self._forks.append(job)
                 self.paths["quantized prefill"] += 1
                 continue

@@ -50,6 +50,10 @@ class Step:
 class SerialRow:
     """A lone row on plain serial caches. `advance()` does one unit: a prefill chunk or a step."""
 
+    # mlx-lm's mx.clear_cache() after each prefill chunk and every 256 tokens; the engine turns
+    # it off where a clear is slow (CUDA: BatchConfig.clear_cache). Buffers only, same bits.
+    clears: bool = True
+
     def __init__(
         self,
         model: Any,
@@ -157,7 +161,8 @@ class SerialRow:
                     self.cuts.pop(0)
                     if self.snapshot is not None:
                         self.snapshot(self.processed, clone(self.cache))
-                mx.clear_cache()
+                if self.clears:
+                    mx.clear_cache()
                 return
             self.y, self.logprobs = self._step(self.prompt, self.emb)
             self.read = Readout.build(self.req, self.y, self.logprobs)
@@ -176,7 +181,7 @@ class SerialRow:
         if self.n == req.max_tokens:
             return None
         step = Step(self.y.item(), self.logprobs, self.read)
-        if self.n % 256 == 0:
+        if self.n % 256 == 0 and self.clears:
             mx.clear_cache()
         self.y, self.logprobs, self.read = next_y, next_lp, next_read
         self.n += 1

@@ -22,6 +22,7 @@ class Turns:
     _forks: list[Any]
     _serial: Any
     _batches: dict[Any, Any]
+    config: Any
 
     def _fork_turn(self) -> None:
         """One prefill chunk for each n > 1 prompt; ready ones fork into the batch."""
@@ -72,8 +73,10 @@ class Turns:
                 done.prompt_cache = row.cache
             self._keep(row, done)
             self._serial, self._alone = None, False
+            clears = row.clears
             del row  # the caches go before the caller hears "done"
-            mx.clear_cache()
+            if clears:
+                mx.clear_cache()
             handle.put(done)
 
     def _prefill_chunk(self, row: SerialRow) -> None:
@@ -101,6 +104,7 @@ class Turns:
         if self.drain_to_serial and not self.admission.waiting and not self._forks:
             if self._serial is None and len(lone) == 1 and len(lone[0]) == 1:
                 if (serial := last_row_out(lone[0], self.model, self._keys)) is not None:
+                    serial[0].clears = self.config.clear_cache
                     self._serial = serial
                     self.paths["batched->serial"] += 1
                     if not len(lone[0]):

@@ -86,3 +86,32 @@ def test_auto_is_off_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (clears_cache("auto"), clears_cache("on"), clears_cache("off")) == (False, True, False)
     monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
     assert (clears_cache("auto"), clears_cache("on"), clears_cache("off")) == (True, True, False)
+
+
+@pytest.mark.parametrize("clears", [True, False])
+def test_the_engine_clears_the_buffer_cache_only_when_configured(
+    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, clears: bool
+) -> None:
+    """Off (CUDA's auto), none of the engine's own clears run: a serial row's prefill chunks and
+    its end, a batch's prefill and its close. On, mlx-lm's places clear as before."""
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model("qwen3")))
+    calls: list[int] = []
+    clear = mx.clear_cache
+    monkeypatch.setattr(mx, "clear_cache", lambda: (calls.append(1), clear())[1])
+    config = BatchConfig(4, 4, 8, clear_cache=clears)  # 8-token chunks: multi-chunk prefills
+    engine = Engine(model, batch=4, prefill_step_size=8, batch_config=config)
+    try:
+        lone = engine.submit(GenerationRequest(prompt=mx.array(tok.encode(TEXTS[0])), max_tokens=4))
+        lone.wait()
+        assert engine.paths == {"serial": 1}
+        handles = engine.submit_many(
+            [GenerationRequest(prompt=mx.array(tok.encode(t)), max_tokens=4) for t in TEXTS]
+        )
+        for h in handles:
+            h.wait()
+        assert engine.paths["batched"] == 3
+    finally:
+        engine.close()
+    assert (len(calls) > 0) == clears
