@@ -124,15 +124,27 @@ class PrefixSharing:
             self._version += 1
         self._defer_cache.pop(id(req), None)
 
-    def shared(self, req: GenerationRequest, other: GenerationRequest) -> int:
-        """Prompt tokens two requests share, when worth one of them waiting for the other."""
-        if self.namespace(req) != self.namespace(other):
-            return 0
-        a = np.asarray(req.prompt.tolist(), dtype=np.int32)
-        b = np.asarray(other.prompt.tolist(), dtype=np.int32)
-        n = min(common_prefix(a, b), len(a) - 1, len(b) - 1)
-        have = self.store.peek(self.namespace(req), a)
-        return n if n - have >= self.share_min else 0
+    def donor(
+        self, req: GenerationRequest, kept: list[tuple[GenerationRequest, Plan | None]]
+    ) -> tuple[GenerationRequest, Plan, int] | None:
+        """The first earlier joiner whose prefill will compute a prefix of this prompt that the
+        store lacks, long enough to wait for: (it, its plan, the shared length). The prompt is
+        read and the store peeked once per request, not once per pair (32 agents arriving
+        together made 465 pairs: ~0.3 s of an H200 host's admission)."""
+        ns, a, have = self.namespace(req), None, None
+        for other, plan in kept:
+            if plan is None or plan.namespace != ns:
+                continue
+            pending = self._pending.get(id(other))
+            b = pending.prompt if pending is not None else _tokens(other)
+            a = _tokens(req) if a is None else a
+            n = min(common_prefix(a, b), len(a) - 1, len(b) - 1)
+            if n <= plan.start:
+                continue
+            have = self.store.peek(ns, a) if have is None else have
+            if n - have >= self.share_min:
+                return other, plan, n
+        return None
 
     def defer(self, req: GenerationRequest) -> bool:
         """Wait: a running row will soon snapshot a prefix of this prompt that the store lacks."""
@@ -193,3 +205,7 @@ class PrefixSharing:
             self.store.insert(namespace, tokens, cache, *args)
         except Exception:  # noqa: BLE001 - a store failure costs an entry, never the row
             log.exception("prefix store insert failed; the entry is not kept")
+
+
+def _tokens(req: GenerationRequest) -> np.ndarray:
+    return np.asarray(req.prompt.tolist(), dtype=np.int32)

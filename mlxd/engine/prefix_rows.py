@@ -43,10 +43,9 @@ class PrefixRows:
         for req, handle in joiners:
             donor = None
             if self.sharing.eligible(req):
-                for (other, _), plan in zip(kept, plans, strict=True):
-                    if plan is not None and (n := self.sharing.shared(req, other)) > plan.start:
-                        donor = (other, plan, n)
-                        break
+                donor = self.sharing.donor(
+                    req, [(o, p) for (o, _), p in zip(kept, plans, strict=True)]
+                )
             if donor is not None:
                 self.sharing.add_cut(*donor)
                 back.append((req, handle))
