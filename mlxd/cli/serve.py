@@ -127,10 +127,11 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--prefill-batch-tokens",
         type=_wave_tokens,
-        default=0,
+        default=-1,
         help="more prompts prefill together than --prompt-concurrency while rows x the longest "
-        "chunk stays within this many tokens (agents coming back at once join in one wave, not "
-        "one per 8 rows); auto: --prompt-concurrency x --prefill-step-size; 0: off (mlx-lm's)",
+        "chunk stays within this many tokens, so agents coming back at once join in one wave, "
+        "not one per 8 rows (H200, 32 agents on an 8B model: 1.27x tok/s); auto (default): "
+        "--prompt-concurrency x --prefill-step-size, mlx-lm's largest wave; 0: mlx-lm's count",
     )
     g.add_argument(
         "--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill chunk"

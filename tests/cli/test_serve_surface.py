@@ -118,3 +118,21 @@ def test_cuda_graphs_off_reaches_mlx_before_the_server_starts(monkeypatch, flag,
     )
     serve_cli.run(build_parser().parse_args(["serve", *flag]))
     assert seen == [env]
+
+
+@pytest.mark.parametrize(
+    "flags,budget",
+    [([], 8 * 2048), (["--prefill-batch-tokens", "0"], None),
+     (["--prefill-batch-tokens", "5000"], 5000),
+     (["--prompt-concurrency", "4", "--prefill-step-size", "512"], 4 * 512)],
+)  # fmt: skip
+def test_prefill_waves_default_to_mlx_lms_largest_wave(flags: list[str], budget) -> None:
+    from mlxd.engine.prompt_waves import wave_budget
+
+    a = build_parser().parse_args(["serve", *flags])
+    assert wave_budget(a.prefill_batch_tokens, a.prompt_concurrency, a.prefill_step_size) == budget
+
+
+def test_prefill_batch_tokens_refuses_a_negative_count() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--prefill-batch-tokens", "-5"])
