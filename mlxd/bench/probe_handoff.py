@@ -17,7 +17,6 @@ per-round ratio to mlx-lm's.
 import argparse
 import queue
 import statistics
-import threading
 import time
 from collections.abc import Callable
 
@@ -29,6 +28,7 @@ from ..engine.engine import Engine
 from ..engine.registry import engine_for
 from ..engine.request import GenerationRequest
 from ..engine.serial import SerialRow
+from ..engine.threads import run_soon
 from .models import SHAPES, build_random
 
 
@@ -43,7 +43,10 @@ def _mlx_lm(model, tokenizer, prompt: mx.array, n: int) -> float:
 
 
 def _mlx_lm_thread(model, tokenizer, prompt: mx.array, n: int) -> float:
-    """mlx-lm's loop on a worker thread, each response handed to this thread as mlxd's are."""
+    """mlx-lm's loop on a worker thread, each response handed to this thread as mlxd's are.
+    The worker is pooled and never exits: a thread that ran MLX and ended can abort the
+    process (threads.py), and on the H200 this variant on a fresh thread per round was the
+    likely cause of a CUDA graph capture abort (session 13)."""
     q: queue.Queue = queue.Queue()
 
     def work() -> None:
@@ -51,7 +54,7 @@ def _mlx_lm_thread(model, tokenizer, prompt: mx.array, n: int) -> float:
             q.put(r)
         q.put(None)
 
-    threading.Thread(target=work, daemon=True).start()
+    run_soon(work)
     stamps = []
     while q.get() is not None:
         stamps.append(time.perf_counter())
