@@ -1,0 +1,76 @@
+"""Read an engine trace (MLXD_TRACE, engine/trace.py): the turns where rows joined or the loop
+stalled, and the decode step's median per batch size, as the H200 runs were read (session 13).
+
+    python -m mlxd.bench.trace_report trace.jsonl [--stall 0.05]
+"""
+
+import argparse
+import gzip
+import json
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+PHASES = ("admit", "fork", "serial", "batch", "tick")
+
+
+def load(path: str) -> list[dict[str, Any]]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def events(turns: Iterable[dict[str, Any]], stall: float) -> list[dict[str, Any]]:
+    """Turns that admitted or moved rows, prefilled in the batch, or spent more than `stall`
+    seconds in a phase other than an idle admission."""
+    out = []
+    for x in turns:
+        busy = any(x.get(p, 0.0) > stall for p in PHASES if p != "admit")
+        waited = x.get("admit", 0.0) > stall and (x.get("waiting", 0) or x.get("paths"))
+        prefill = any(g.get("prompt_tokens", 0) for g in x.get("gen", []))
+        if x.get("paths") or busy or waited or prefill:
+            out.append(x)
+    return out
+
+
+def decode_steps(turns: Iterable[dict[str, Any]]) -> dict[int, list[float]]:
+    """Seconds of each plain decode step (no prefill in the turn), by the batch's rows after
+    the turn (a step in which rows finished counts under the rows left)."""
+    by: dict[int, list[float]] = {}
+    for x in turns:
+        for g in x.get("gen", []):
+            if g.get("decode_steps") == 1 and not g.get("prompt_tokens"):
+                by.setdefault(g["rows"], []).append(g["decode_s"])
+    return by
+
+
+def line(x: dict[str, Any]) -> str:
+    phases = " ".join(f"{p} {x[p]:.3f}" for p in PHASES if p in x)
+    gen = " ".join(
+        f"[rows {g['rows']}: prompt {g['prompt_tokens']} in {g['prompt_s']:.3f}, "
+        f"decode {g['decode_steps']} in {g['decode_s']:.3f}]"
+        for g in x.get("gen", [])
+    )
+    paths = f" {x['paths']}" if x.get("paths") else ""
+    return f"{x['t']:9.3f}  {phases}  active {x['active']} waiting {x['waiting']} {gen}{paths}"
+
+
+def report(turns: list[dict[str, Any]], stall: float) -> list[str]:
+    lines = [f"{len(turns)} turns; events (joins, moves, prefills, phases over {stall}s):"]
+    lines += [line(x) for x in events(turns, stall)]
+    lines.append("decode step by rows: median ms (steps)")
+    for rows, s in sorted(decode_steps(turns).items()):
+        lines.append(f"  {rows:3d} rows: {1e3 * statistics.median(s):7.2f} ms ({len(s)})")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", help="an MLXD_TRACE file (.jsonl or .jsonl.gz)")
+    p.add_argument("--stall", type=float, default=0.05, help="seconds a phase must take to show")
+    a = p.parse_args(argv)
+    print("\n".join(report(load(a.trace), a.stall)))
+
+
+if __name__ == "__main__":
+    main()
