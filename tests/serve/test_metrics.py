@@ -194,10 +194,14 @@ def test_waiting_rows_gauge(make_server) -> None:
     threads = [threading.Thread(target=post_quietly, args=(live.v1, body)) for _ in range(2)]
     for t in threads:
         t.start()
-    deadline, seen = time.time() + 5, None
+    # Both requests are in the engine once one runs and one waits; a loaded CI box can take
+    # seconds to get there (tokenizing, admitting), so the wait is long and the pair is checked.
+    deadline, seen = time.time() + 60, None
     while time.time() < deadline:
         seen = scrape(live.url)
-        if value(seen, "mlxd_waiting_rows", model=model) == 1:
+        if value(seen, "mlxd_waiting_rows", model=model) == 1 and (
+            value(seen, "mlxd_running_rows", model=model) == 1
+        ):
             break
         time.sleep(0.05)
     assert value(seen, "mlxd_running_rows", model=model) == 1
