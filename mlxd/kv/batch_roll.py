@@ -34,6 +34,19 @@ class RollingBatchKVCache(BatchKVCache):
             out = cls([0] * len(caches))
         return out
 
+    def filter(self, batch_indices: Any) -> None:
+        """mlx-lm's filter; keeping every row in order gathers nothing. mlx-lm copies the whole
+        cache then (`keys[indices]`), e.g. when a prefill wave moves to decoding."""
+        keep = batch_indices.tolist() if isinstance(batch_indices, mx.array) else batch_indices
+        if self.keys is None or list(keep) != list(range(self.keys.shape[0])):
+            return super().filter(batch_indices)
+        shift = min(self.left_padding.tolist())  # mlx-lm's trim of the common left padding
+        if shift > 0:
+            self.keys = self.keys[..., shift:, :]
+            self.values = self.values[..., shift:, :]
+            self._idx -= shift
+            self.left_padding -= shift
+
     def finalize(self) -> None:
         if self._right_padding is None:
             return

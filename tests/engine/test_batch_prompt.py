@@ -115,3 +115,32 @@ def test_the_engine_clears_the_buffer_cache_only_when_configured(
     finally:
         engine.close()
     assert (len(calls) > 0) == clears
+
+
+@pytest.mark.parametrize("leaving", [[0, 1, 2], [0, 2]])
+def test_a_wave_done_prefilling_moves_to_decoding_without_a_copy(
+    tiny_model: Callable[..., Path], leaving: list[int]
+) -> None:
+    """`split` of every row (a whole wave done prefilling) hands the same cache arrays over;
+    mlx-lm deep-copies and gathers them. Any split leaves mlx-lm's rows and arrays."""
+    from mlx_lm import load
+
+    from mlxd.kv.batch_roll import rolling
+
+    model, tok = load(str(tiny_model("qwen3")))
+    prompts = [tok.encode(t) for t in TEXTS]
+    out = []
+    for cls in (PromptProcessingBatch, KeptBuffersPromptBatch):
+        caches = [[rolling(c) for c in make_prompt_cache(model)] for _ in prompts]
+        batch = cls(model, [0, 1, 2], caches, prefill_step_size=4, samplers=[None] * 3,
+                    logits_processors=[[] for _ in prompts])  # fmt: skip
+        batch.prompt(prompts)
+        keys = [c.keys for c in batch.prompt_cache]
+        out.append((batch, batch.split(leaving), keys))
+    (theirs_left, theirs, _), (ours_left, ours, keys) = out
+    assert (ours.uids, ours_left.uids) == (theirs.uids, theirs_left.uids)
+    for a, b in zip(theirs.prompt_cache, ours.prompt_cache, strict=True):
+        assert all(mx.array_equal(x, y).item() for x, y in zip(a.state, b.state, strict=True))
+    moved = all(c.keys is k for c, k in zip(ours.prompt_cache, keys, strict=True))
+    assert moved == (leaving == [0, 1, 2])
+    assert len(ours_left.prompt_cache) == len(theirs_left.prompt_cache)

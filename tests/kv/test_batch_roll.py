@@ -52,6 +52,35 @@ def test_right_padded_prefill_and_finalize_leave_mlx_lm_s_arrays(cached: list[in
     assert got._idx == want._idx and got._right_padding is None
 
 
+@pytest.mark.parametrize(
+    "cached,keep",
+    [([5, 0, 9], [0, 1, 2]), ([4, 4, 6], [0, 1, 2]), ([5, 0, 9], [0, 2]), ([5, 0, 9], [1])],
+)
+def test_filter_leaves_mlx_lm_s_arrays(cached: list[int], keep: list[int]) -> None:
+    """Any selection, every row in order included (the common left padding trimmed), then a
+    decode step: the arrays mlx-lm's BatchKVCache.filter leaves."""
+    want, got = (cls.merge([_row(n, 10 * i, cls) for i, n in enumerate(cached)])
+                 for cls in (KVCache, RowKVCache))  # fmt: skip
+    for b in (want, got):
+        b.filter(keep)
+        step = mx.random.normal((len(keep), H, 1, D), key=mx.random.key(5)).astype(mx.bfloat16)
+        b.update_and_fetch(step, step)
+    for name in ("keys", "values", "offset", "left_padding"):
+        assert mx.array_equal(getattr(got, name), getattr(want, name)).item(), name
+    assert got._idx == want._idx
+
+
+def test_keeping_every_row_copies_nothing() -> None:
+    """mlx-lm gathers the whole cache (`keys[indices]`) even when every row stays, e.g. when
+    a prefill wave moves to decoding; the rolling cache keeps its arrays."""
+    b = RowKVCache.merge([_row(n, 10 * i, RowKVCache) for i, n in enumerate([5, 0, 9])])
+    keys, values = b.keys, b.values
+    b.filter([0, 1, 2])
+    assert b.keys is keys and b.values is values
+    b.filter([0, 2])
+    assert b.keys is not keys  # a real selection still gathers
+
+
 def test_rolling_converts_plain_kv_layers_only() -> None:
     plain = _row(4, 1, KVCache)
     row = rolling(plain)
