@@ -60,13 +60,17 @@ def stream_generate(
     kwargs.pop("stream", None)  # the engine thread owns its stream
     eos = frozenset(tokenizer.eos_token_ids)
     req = GenerationRequest(
-        prompt=prompt, max_tokens=max_tokens, stop_token_ids=eos, random_key=current_key(), **kwargs
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stop_token_ids=eos,
+        random_key=current_key(),
+        tokenizer=tokenizer,  # detokenized on the engine thread, in step with the tokens
+        **kwargs,
     )
     handle = engine_for(model).submit(req)
-    detokenizer = tokenizer.detokenizer
     finished = False
     try:
-        yield from _responses(handle, detokenizer, prompt.size, max_tokens, eos)
+        yield from _responses(handle, prompt.size, max_tokens, eos)
         finished = True
     finally:
         handle.cancel()  # a consumer that stops early frees the row
@@ -75,10 +79,12 @@ def stream_generate(
 
 
 def _responses(
-    handle: RequestHandle, detokenizer: Any, n_prompt: int, max_tokens: int, eos: frozenset[int]
+    handle: RequestHandle, n_prompt: int, max_tokens: int, eos: frozenset[int]
 ) -> Generator[GenerationResponse, None, None]:
-    """mlx-lm's stream_generate loop over the engine's events (same fields, same order)."""
-    token, logprobs = None, None
+    """mlx-lm's stream_generate loop over the engine's events (same fields, same order). Each
+    event's text is the detokenizer's segment for it; the finishing token's holds the final
+    flush, as mlx-lm yields it after `finalize()`."""
+    token, logprobs, text, n = None, None, "", 0
     tic = time.perf_counter()
     for n, event in enumerate(handle):
         token, logprobs = event.token, event.logprobs
@@ -86,17 +92,16 @@ def _responses(
             prompt_time = time.perf_counter() - tic
             prompt_tps = n_prompt / prompt_time
             tic = time.perf_counter()
-        if token in eos:
+        if token in eos or (n + 1) == max_tokens:
+            text = event.text
             break
-        detokenizer.add_token(token)
-        if (n + 1) == max_tokens:
-            break
-        yield _response(detokenizer.last_segment, token, logprobs, n, n_prompt, prompt_tps, tic)
+        yield _response(event.text, token, logprobs, n, n_prompt, prompt_tps, tic)
+    else:  # the row ended without a finishing token: its last flush is on the DoneEvent
+        text = handle.done.text if handle.done is not None else ""
     if token is None:  # the engine closed before the first token
         return
-    detokenizer.finalize()
     yield _response(
-        detokenizer.last_segment,
+        text,
         token,
         logprobs,
         n,

@@ -68,7 +68,8 @@ class RowOutput:
         singles = [[t] for t in sorted(req.stop_token_ids)]
         self.stops = StopSequences(singles + [list(s) for s in req.stop_sequences if s])
         self.matcher = self.stops.matcher()
-        self.detok = tokenizer.detokenizer if tokenizer is not None else None
+        tokenizer = req.tokenizer if req.tokenizer is not None else tokenizer
+        self.detok = tokenizer.detokenizer if tokenizer is not None else None  # a fresh copy
         self.flushed = False
         self.count = 0
         self.times = {"submitted": submitted, "admitted": time.perf_counter()}

@@ -51,6 +51,9 @@ class GenerationRequest:
     use_prefix_store: bool = True
     snapshot_at: tuple[tuple[int, str], ...] = ()  # (position, kind: system / user / assistant)
     cached_tokens: int = 0  # set by the engine: prompt tokens served from the store
+    # Detokenize this row with this tokenizer on the engine thread, beside the step (as mlx-lm's
+    # loop does beside its own); None: with the engine's tokenizer, if it has one.
+    tokenizer: Any = None
 
 
 @dataclass

@@ -278,3 +278,28 @@ def test_an_unexpected_turn_failure_fails_running_rows_not_the_engine(model) -> 
         assert len(list(after)) == 3 and engine.alive
     finally:
         engine.close()
+
+
+def test_stream_generate_detokenizes_on_the_engine_thread(tiny_model) -> None:
+    """mlxd's stream_generate detokenizes where the tokens are made, as mlx-lm's loop does on
+    its one thread: the caller's thread only takes each finished response (one GIL holder per
+    token on a host-bound step, not two). The texts themselves are compared in tests/parity."""
+    from mlx_lm import load
+
+    from mlxd import stream_generate
+
+    model, tokenizer = load(str(tiny_model("qwen3")))
+    seen: set[int] = set()
+    inner = type(tokenizer._detokenizer)
+
+    class Spy(inner):  # type: ignore[misc, valid-type]
+        def add_token(self, token: int) -> None:
+            seen.add(threading.get_ident())
+            super().add_token(token)
+
+    spy = Spy.__new__(Spy)
+    spy.__dict__.update(tokenizer._detokenizer.__dict__)
+    tokenizer._detokenizer = spy
+    texts = [r.text for r in stream_generate(model, tokenizer, [1, 2, 3, 4, 5], max_tokens=8)]
+    assert len(texts) == 8
+    assert seen and threading.get_ident() not in seen
