@@ -8,6 +8,7 @@ import pytest
 from mlxd.bench import (
     probe_attention,
     probe_compile,
+    probe_fresh,
     probe_graphs,
     probe_handoff,
     probe_join,
@@ -75,6 +76,16 @@ def test_probe_handoff_reports_seven_variants_with_ratios(capsys) -> None:
     ]
     assert all(re.search(r" [\d.]+ ms/token \(q25 [\d.]+\)", line) for line in lines)
     assert all(re.search(r"per-round / mlx-lm [\d.]+ \[[\d.]+-[\d.]+\]$", x) for x in lines[1:])
+
+
+def test_probe_fresh_compares_both_sides_with_and_without_the_clear(capsys) -> None:
+    probe_fresh.main(
+        ["--shape", "qwen3-host", "--rounds", "2", "--prompt-tokens", "8", "--gen-tokens", "12"]
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["fresh=False", "fresh=True"]
+    for line in lines:
+        assert re.search(r"p10 [\d.]+/[\d.]+ \([\d.]+\) p25 .* p50 .*per-round ratio [\d.]+$", line)
 
 
 def test_probe_compile_times_each_variant_and_compares_the_compiled_tokens(capsys) -> None:

@@ -1,0 +1,76 @@
+"""B=1 and the buffer cache: mlx-lm's `stream_generate` against mlxd's, alternated, with and
+without `mx.clear_cache()` (and `gc.collect()`) before every run, as `mlxd bench generate`
+does before each of its runs. Session 14 on the H200: mlxd's decode speed ratio was 0.976
+without the clear and 0.907 with it (docs/performance.md §4 item 8).
+
+    python -m mlxd.bench.probe_fresh --shape qwen3-0.6b --rounds 50
+
+Figures: pooled per-token gaps (p10, p25, p50) of each side and their ratio (mlx-lm's ms over
+mlxd's: mlxd's speed ratio, > 1 when mlxd is faster), and the median of the per-round ratios.
+"""
+
+import argparse
+import gc
+import statistics
+import time
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx_lm.generate import stream_generate
+
+from ..engine import stream_generate as mlxd_stream_generate
+from .models import SHAPES, build_random
+
+SIDES: dict[str, Callable] = {"mlx-lm": stream_generate, "mlxd": mlxd_stream_generate}
+
+
+def _gaps(fn: Callable, bm, prompt: mx.array, n: int, fresh: bool) -> list[float]:
+    if fresh:  # bench generate's _fresh()
+        gc.collect()
+        mx.clear_cache()
+        mx.reset_peak_memory()
+    stamps = [time.perf_counter() for _ in fn(bm.model, bm.tokenizer, prompt, max_tokens=n)]
+    return [1e3 * (b - a) for a, b in zip(stamps, stamps[1:], strict=False)]
+
+
+def _q(v: list[float], p: float) -> float:
+    return sorted(v)[int(len(v) * p)]
+
+
+def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> list[str]:
+    bm = build_random(shape, "bfloat16")
+    prompt = mx.array([1 + (i * 7919) % (bm.vocab_size - 1) for i in range(prompt_tokens)])
+    lines = []
+    for fresh in (False, True):
+        for fn in SIDES.values():  # warm-up
+            _gaps(fn, bm, prompt, gen, fresh)
+        pooled: dict[str, list[float]] = {k: [] for k in SIDES}
+        medians: dict[str, list[float]] = {k: [] for k in SIDES}
+        for r in range(rounds):
+            for k in list(SIDES)[:: 1 if r % 2 == 0 else -1]:
+                gaps = _gaps(SIDES[k], bm, prompt, gen, fresh)
+                pooled[k] += gaps
+                medians[k].append(statistics.median(gaps))
+        a, b = pooled["mlx-lm"], pooled["mlxd"]
+        qs = " ".join(
+            f"p{int(100 * p)} {_q(a, p):.3f}/{_q(b, p):.3f} ({_q(a, p) / _q(b, p):.3f})"
+            for p in (0.1, 0.25, 0.5)
+        )
+        pairs = zip(medians["mlx-lm"], medians["mlxd"], strict=True)
+        per = statistics.median(x / y for x, y in pairs)
+        lines.append(f"fresh={fresh}: pooled ms mlx-lm/mlxd {qs}; per-round ratio {per:.3f}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-host")
+    p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--gen-tokens", type=int, default=128)
+    a = p.parse_args(argv)
+    print("\n".join(run(a.shape, a.rounds, a.prompt_tokens, a.gen_tokens)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
