@@ -7,6 +7,8 @@ without the clear and 0.907 with it (docs/performance.md §4 item 8).
 
 Figures: pooled per-token gaps (p10, p25, p50) of each side and their ratio (mlx-lm's ms over
 mlxd's: mlxd's speed ratio, > 1 when mlxd is faster), and the median of the per-round ratios.
+`--memory` then runs each side once from a cleared cache and prints MLX's reserved memory
+(active + cached) at tokens 1, 2, 4, ...: how many new buffers each side's decode takes.
 """
 
 import argparse
@@ -62,14 +64,35 @@ def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> list[str]:
     return lines
 
 
+def memory(shape: str, prompt_tokens: int, gen: int) -> list[str]:
+    """Reserved MB (active + cache) as each token arrives, from a cleared cache."""
+    bm = build_random(shape, "bfloat16")
+    prompt = mx.array([1 + (i * 7919) % (bm.vocab_size - 1) for i in range(prompt_tokens)])
+    marks = [1 << k for k in range(gen.bit_length()) if 1 << k <= gen]
+    lines = []
+    for name, fn in [*SIDES.items(), *SIDES.items()]:  # twice: the first pass compiles
+        gc.collect()
+        mx.clear_cache()
+        mb = [
+            (mx.get_active_memory() + mx.get_cache_memory()) / 1e6
+            for _ in fn(bm.model, bm.tokenizer, prompt, max_tokens=gen)
+        ]
+        got = " ".join(f"{m}:{mb[m - 1]:.1f}" for m in marks if m <= len(mb))
+        lines.append(f"{name:7s} reserved MB at token {got}")
+    return lines[len(SIDES) :]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-host")
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--gen-tokens", type=int, default=128)
+    p.add_argument("--memory", action="store_true", help="also print reserved memory per token")
     a = p.parse_args(argv)
     print("\n".join(run(a.shape, a.rounds, a.prompt_tokens, a.gen_tokens)), flush=True)
+    if a.memory:
+        print("\n".join(memory(a.shape, a.prompt_tokens, a.gen_tokens)), flush=True)
 
 
 if __name__ == "__main__":

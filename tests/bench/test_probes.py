@@ -80,11 +80,23 @@ def test_probe_handoff_reports_seven_variants_with_ratios(capsys) -> None:
 
 def test_probe_fresh_compares_both_sides_with_and_without_the_clear(capsys) -> None:
     probe_fresh.main(
-        ["--shape", "qwen3-host", "--rounds", "2", "--prompt-tokens", "8", "--gen-tokens", "12"]
+        [
+            "--shape",
+            "qwen3-host",
+            "--rounds",
+            "2",
+            "--prompt-tokens",
+            "8",
+            "--gen-tokens",
+            "12",
+            "--memory",
+        ]  # fmt: skip
     )
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["fresh=False", "fresh=True"]
-    for line in lines:
+    assert [line.split(":")[0] for line in lines[:2]] == ["fresh=False", "fresh=True"]
+    assert [line.split()[0] for line in lines[2:]] == ["mlx-lm", "mlxd"]
+    assert all(re.search(r"token 1:[\d.]+ 2:[\d.]+ 4:[\d.]+ 8:[\d.]+$", x) for x in lines[2:])
+    for line in lines[:2]:
         assert re.search(r"p10 [\d.]+/[\d.]+ \([\d.]+\) p25 .* p50 .*per-round ratio [\d.]+$", line)
 
 
