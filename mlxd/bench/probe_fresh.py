@@ -5,8 +5,9 @@ without the clear and 0.907 with it (docs/performance.md §4 item 8).
 
     python -m mlxd.bench.probe_fresh --shape qwen3-0.6b --rounds 50
 
-Figures: pooled per-token gaps (p10, p25, p50) of each side and their ratio (mlx-lm's ms over
-mlxd's: mlxd's speed ratio, > 1 when mlxd is faster), and the median of the per-round ratios.
+Figures, for mlxd and for mlxd whose B=1 row keeps its last two logprob vectors (freed on the
+engine thread): pooled per-token gaps (p10, p25, p50) against mlx-lm's and their ratio (mlx-lm's
+ms over mlxd's: a speed ratio, > 1 when mlxd is faster), and the median per-round ratio.
 `--memory` then runs each side once from a cleared cache and prints MLX's reserved memory
 (active + cached) at tokens 1, 2, 4, ...: how many new buffers each side's decode takes.
 """
@@ -15,15 +16,32 @@ import argparse
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
 
 from ..engine import stream_generate as mlxd_stream_generate
+from ..engine.serial import SerialRow
 from .models import SHAPES, build_random
 
-SIDES: dict[str, Callable] = {"mlx-lm": stream_generate, "mlxd": mlxd_stream_generate}
+
+def _mlxd_keeping(*args: Any, **kwargs: Any) -> Iterator[Any]:
+    """mlxd's stream_generate with its B=1 row holding its last two logprob vectors, so they
+    are freed on the engine thread (SerialRow.keeps; the candidate of §4 item 8)."""
+    SerialRow.keeps = 2
+    try:
+        yield from mlxd_stream_generate(*args, **kwargs)
+    finally:
+        SerialRow.keeps = 0
+
+
+SIDES: dict[str, Callable] = {
+    "mlx-lm": stream_generate,
+    "mlxd": mlxd_stream_generate,
+    "mlxd keeps 2": _mlxd_keeping,
+}
 
 
 def _gaps(fn: Callable, bm, prompt: mx.array, n: int, fresh: bool) -> list[float]:
@@ -53,14 +71,18 @@ def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> list[str]:
                 gaps = _gaps(SIDES[k], bm, prompt, gen, fresh)
                 pooled[k] += gaps
                 medians[k].append(statistics.median(gaps))
-        a, b = pooled["mlx-lm"], pooled["mlxd"]
-        qs = " ".join(
-            f"p{int(100 * p)} {_q(a, p):.3f}/{_q(b, p):.3f} ({_q(a, p) / _q(b, p):.3f})"
-            for p in (0.1, 0.25, 0.5)
-        )
-        pairs = zip(medians["mlx-lm"], medians["mlxd"], strict=True)
-        per = statistics.median(x / y for x, y in pairs)
-        lines.append(f"fresh={fresh}: pooled ms mlx-lm/mlxd {qs}; per-round ratio {per:.3f}")
+        a = pooled["mlx-lm"]
+        for side in list(SIDES)[1:]:
+            b = pooled[side]
+            qs = " ".join(
+                f"p{int(100 * p)} {_q(a, p):.3f}/{_q(b, p):.3f} ({_q(a, p) / _q(b, p):.3f})"
+                for p in (0.1, 0.25, 0.5)
+            )
+            pairs = zip(medians["mlx-lm"], medians[side], strict=True)
+            per = statistics.median(x / y for x, y in pairs)
+            lines.append(
+                f"fresh={fresh}, {side}: pooled ms mlx-lm/it {qs}; per-round ratio {per:.3f}"
+            )
     return lines
 
 
@@ -78,7 +100,7 @@ def memory(shape: str, prompt_tokens: int, gen: int) -> list[str]:
             for _ in fn(bm.model, bm.tokenizer, prompt, max_tokens=gen)
         ]
         got = " ".join(f"{m}:{mb[m - 1]:.1f}" for m in marks if m <= len(mb))
-        lines.append(f"{name:7s} reserved MB at token {got}")
+        lines.append(f"{name:12s} reserved MB at token {got}")
     return lines[len(SIDES) :]
 
 

@@ -93,10 +93,19 @@ def test_probe_fresh_compares_both_sides_with_and_without_the_clear(capsys) -> N
         ]  # fmt: skip
     )
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines[:2]] == ["fresh=False", "fresh=True"]
-    assert [line.split()[0] for line in lines[2:]] == ["mlx-lm", "mlxd"]
-    assert all(re.search(r"token 1:[\d.]+ 2:[\d.]+ 4:[\d.]+ 8:[\d.]+$", x) for x in lines[2:])
-    for line in lines[:2]:
+    assert [line.split(":")[0] for line in lines[:4]] == [
+        "fresh=False, mlxd",
+        "fresh=False, mlxd keeps 2",
+        "fresh=True, mlxd",
+        "fresh=True, mlxd keeps 2",
+    ]
+    assert [line.split(" reserved")[0].strip() for line in lines[4:]] == [
+        "mlx-lm",
+        "mlxd",
+        "mlxd keeps 2",
+    ]
+    assert all(re.search(r"token 1:[\d.]+ 2:[\d.]+ 4:[\d.]+ 8:[\d.]+$", x) for x in lines[4:])
+    for line in lines[:4]:
         assert re.search(r"p10 [\d.]+/[\d.]+ \([\d.]+\) p25 .* p50 .*per-round ratio [\d.]+$", line)
 
 

@@ -303,3 +303,31 @@ def test_stream_generate_detokenizes_on_the_engine_thread(tiny_model) -> None:
     texts = [r.text for r in stream_generate(model, tokenizer, [1, 2, 3, 4, 5], max_tokens=8)]
     assert len(texts) == 8
     assert seen and threading.get_ident() not in seen
+
+
+def test_a_serial_row_that_keeps_two_vectors_holds_the_last_two_it_emitted(model) -> None:
+    """SerialRow.keeps (a B=1 experiment, performance.md §4 item 8): the row itself holds its
+    last `keeps` emitted logprob vectors, so their last reference drops on the engine thread;
+    at the default 0 it holds none. Tokens are unaffected."""
+    from mlx_lm.generate import generation_stream
+
+    from mlxd.engine.serial import SerialRow
+
+    def drive(keeps: int) -> tuple[list[int], list, SerialRow]:
+        SerialRow.keeps = keeps
+        try:
+            row = SerialRow(model, GenerationRequest(prompt=mx.array(PROMPTS[2]), max_tokens=6),
+                            generation_stream)  # fmt: skip
+        finally:
+            SerialRow.keeps = 0
+        while row.prefilling:
+            row.prefill_chunk()
+        steps = []
+        while (step := row.decode()) is not None:
+            steps.append(step)
+        return [s.token for s in steps], [s.logprobs for s in steps], row
+
+    tokens, vectors, row = drive(2)
+    assert [id(v) for v in row.kept] == [id(v) for v in vectors[-2:]]
+    plain_tokens, _, plain = drive(0)
+    assert len(plain.kept) == 0 and plain_tokens == tokens
