@@ -7,6 +7,8 @@ Per repeat (new lengths, other new lengths, then the same lengths again): the me
 restored caches, the right-padded prefill forward and its eval, `mx.clear_cache()`, `finalize`
 (the roll) and its eval, the first decode step, and mlx-lm's BatchGenerator doing all of it
 (insert_segments + next) end to end, with mlx-lm's row caches and with mlxd's (kv/batch_roll.py).
+`prefill_row_by_row` prefills the same new tokens one row at a time over unpadded caches (causal
+attention, no mask array, no roll): what a join would cost without the padded batch.
 """
 
 import argparse
@@ -78,6 +80,15 @@ def join_once(model, rows: int, cached: int, new: int, jitter: int, seed: int) -
     t = time.perf_counter()
     mx.eval(model(mx.array([[1]] * rows), cache=batch))
     out["decode_step"] = _ms(t)
+    # The same new tokens prefilled row by row, each over its own unpadded cache: no array
+    # mask (the causal kernels), no roll; other kernels than the padded batch, so other bits.
+    caches = [_restored(model, n, rng) for n in lens]
+    mx.synchronize()
+    t = time.perf_counter()
+    for f, cache in zip(feeds, caches, strict=True):
+        model(mx.array([f]), cache=cache)
+        mx.eval([c.state for c in cache])
+    out["prefill_row_by_row"] = _ms(t)
     caches = [_restored(model, n, rng) for n in lens]
     gen = BatchGenerator(model, completion_batch_size=max(rows, 8), prefill_batch_size=rows)
     mx.synchronize()

@@ -34,7 +34,7 @@ def test_probe_join_times_every_part_three_times(capsys) -> None:
         parts = dict(re.findall(r"(\w+) ([\d.]+) ms", line))
         assert set(parts) == {
             "merge", "prefill", "clear_cache", "finalize", "finalize_by_slices", "decode_step",
-            "batch_generator", "batch_generator_mlxd_caches",
+            "prefill_row_by_row", "batch_generator", "batch_generator_mlxd_caches",
         }  # fmt: skip
         assert all(float(v) >= 0 for v in parts.values())
         assert "finalize_by_slices_equal True" in line  # mlxd's roll left mlx-lm's arrays
