@@ -92,6 +92,7 @@ class SerialRow:
         self.n = 0
         self.emitted: list[int] = []  # tokens handed to the caller (the engine appends)
         self.keeps = type(self).keeps  # fixed for the row's life
+        self.clear_due = False
         self.kept: collections.deque[mx.array] = collections.deque(maxlen=self.keeps or 1)
         self.progress(0, self.total)
 
@@ -123,7 +124,7 @@ class SerialRow:
         row.y, row.logprobs = pending
         row.read = None  # the batch's pending token: RowOutput builds its figures
         row.n, row.emitted = len(emitted), list(emitted)
-        row.keeps = cls.keeps
+        row.keeps, row.clear_due = cls.keeps, False
         row.kept = collections.deque(maxlen=row.keeps or 1)
         return row
 
@@ -180,6 +181,9 @@ class SerialRow:
     def decode(self) -> Step | None:
         """Dispatch the next step, then read back the current token (None when max reached)."""
         req = self.req
+        if self.clear_due:  # mlx-lm clears after its yield: the token went out first
+            self.clear_due = False
+            mx.clear_cache()
         if self.n != req.max_tokens:
             next_y, next_lp = self._step(self.y)
             next_read = Readout.build(req, next_y, next_lp)
@@ -192,8 +196,7 @@ class SerialRow:
         step = Step(self.y.item(), self.logprobs, self.read)
         if self.keeps:
             self.kept.append(self.logprobs)
-        if self.n % 256 == 0 and self.clears:
-            mx.clear_cache()
+        self.clear_due = self.n % 256 == 0 and self.clears  # done at the next decode()
         self.y, self.logprobs, self.read = next_y, next_lp, next_read
         self.n += 1
         return step

@@ -331,3 +331,28 @@ def test_a_serial_row_that_keeps_two_vectors_holds_the_last_two_it_emitted(model
     assert [id(v) for v in row.kept] == [id(v) for v in vectors[-2:]]
     plain_tokens, _, plain = drive(0)
     assert len(plain.kept) == 0 and plain_tokens == tokens
+
+
+def test_a_serial_row_clears_the_buffer_cache_where_generate_step_does(model, monkeypatch) -> None:
+    """mlx-lm clears after each prefill chunk and, every 256 tokens, after it has yielded the
+    token: the token goes out first. The serial row clears at the same points of the token
+    sequence (it used to clear before handing token 0 over, so the first token waited for
+    the next step too)."""
+    from mlx_lm.generate import generation_stream
+
+    from mlxd.engine.serial import SerialRow
+
+    log: list[object] = []
+    clear = mx.clear_cache
+    monkeypatch.setattr(mx, "clear_cache", lambda: (log.append("clear"), clear())[1])
+    prompt = mx.array(PROMPTS[2])  # 40 tokens in 16-token chunks: three prefill clears
+    for token, _ in generate_step(prompt, model, max_tokens=4, prefill_step_size=16):
+        log.append(token)
+    expected, log[:] = list(log), []
+    row = SerialRow(model, GenerationRequest(prompt=prompt, max_tokens=4, prefill_step_size=16),
+                    generation_stream)  # fmt: skip
+    while row.prefilling:
+        row.prefill_chunk()
+    while (step := row.decode()) is not None:
+        log.append(step.token)
+    assert log == expected and expected.count("clear") == 4
