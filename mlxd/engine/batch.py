@@ -253,6 +253,4 @@ class BatchedRows:
             self.final_key = None
             repair_key()
         self._stats_window.__exit__(None, None, None)
-        self.gen.close()
-        if self.clears:
-            mx.clear_cache()
+        self.gen.close()  # the engine clears after the last tokens went out (`clears`)

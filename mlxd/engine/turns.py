@@ -23,6 +23,7 @@ class Turns:
     _serial: Any
     _batches: dict[Any, Any]
     config: Any
+    _clear_due = False  # a closed batch's mx.clear_cache(), after its last events went out
 
     def _fork_turn(self) -> None:
         """One prefill chunk for each n > 1 prompt; ready ones fork into the batch."""
@@ -114,9 +115,13 @@ class Turns:
             self._tokens += isinstance(event, TokenEvent)
             watchers += handle.put_quiet(event)
         wake(watchers)
+        if self._clear_due:
+            self._clear_due = False
+            mx.clear_cache()
 
     def _close(self, fmt: Any, batch: Any) -> None:
         batch.close()
+        self._clear_due = self._clear_due or batch.clears
         self.last_batch_stats = batch.stats
         self.last_batch_key = batch.final_key
         if self._batches.get(fmt) is batch:

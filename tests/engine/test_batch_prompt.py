@@ -117,6 +117,36 @@ def test_the_engine_clears_the_buffer_cache_only_when_configured(
     assert (len(calls) > 0) == clears
 
 
+def test_a_closing_batch_clears_only_after_its_last_tokens_went_out(
+    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clear at a batch's close waits for the GPU's work in flight; the rows' last token
+    and done events are handed out before it, so no reader waits for the clear."""
+    from mlx_lm import load
+
+    from mlxd.engine.handle import RequestHandle
+
+    model, tok = load(str(tiny_model("qwen3")))
+    log: list[str] = []
+    clear, put = mx.clear_cache, RequestHandle.put_quiet
+    monkeypatch.setattr(mx, "clear_cache", lambda: (log.append("clear"), clear())[1])
+    monkeypatch.setattr(
+        RequestHandle, "put_quiet", lambda h, e: (log.append(type(e).__name__), put(h, e))[1]
+    )
+    engine = Engine(model, batch=4, batch_config=BatchConfig(4, 4, 2048, clear_cache=True))
+    try:
+        handles = engine.submit_many(
+            [GenerationRequest(prompt=mx.array(tok.encode(t)), max_tokens=3) for t in TEXTS]
+        )
+        for h in handles:
+            h.wait()
+    finally:
+        engine.close()
+    assert engine.paths["batched"] == 3
+    last_done = max(i for i, x in enumerate(log) if x == "DoneEvent")
+    assert log[last_done + 1 :] == ["clear"]  # the close's clear, after every event
+
+
 @pytest.mark.parametrize("leaving", [[0, 1, 2], [0, 2]])
 def test_a_wave_done_prefilling_moves_to_decoding_without_a_copy(
     tiny_model: Callable[..., Path], leaving: list[int]
