@@ -149,6 +149,18 @@ class NullTokenizer(TokenizerWrapper):
         return None
 
 
+def stream_parser(doc: str, rounds: int, prompt_tokens: int, gen_tokens: int) -> Any:
+    """The single-stream probes' command line: --shape, --rounds, --prompt-tokens, --gen-tokens."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-host")
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--prompt-tokens", type=int, default=prompt_tokens)
+    p.add_argument("--gen-tokens", type=int, default=gen_tokens)
+    return p
+
+
 def build_random(shape: str, dtype: str, seed: int = 0) -> BenchModel:
     config = dict(SHAPES[shape])
     model_cls, args_cls = _get_classes(config)

@@ -12,7 +12,6 @@ ms over mlxd's: a speed ratio, > 1 when mlxd is faster), and the median per-roun
 (active + cached) at tokens 1, 2, 4, ...: how many new buffers each side's decode takes.
 """
 
-import argparse
 import gc
 import statistics
 import time
@@ -24,7 +23,7 @@ from mlx_lm.generate import stream_generate
 
 from ..engine import stream_generate as mlxd_stream_generate
 from ..engine.serial import SerialRow
-from .models import SHAPES, build_random
+from .models import build_random, stream_parser
 
 
 def _mlxd_keeping(*args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -105,11 +104,7 @@ def memory(shape: str, prompt_tokens: int, gen: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-host")
-    p.add_argument("--rounds", type=int, default=40)
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--gen-tokens", type=int, default=128)
+    p = stream_parser(__doc__, rounds=40, prompt_tokens=512, gen_tokens=128)
     p.add_argument("--memory", action="store_true", help="also print reserved memory per token")
     a = p.parse_args(argv)
     print("\n".join(run(a.shape, a.rounds, a.prompt_tokens, a.gen_tokens)), flush=True)

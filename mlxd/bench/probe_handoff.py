@@ -14,7 +14,6 @@ Figures: ms per generated token (first to last token), median and quartile per v
 per-round ratio to mlx-lm's.
 """
 
-import argparse
 import queue
 import statistics
 import time
@@ -29,7 +28,7 @@ from ..engine.registry import engine_for
 from ..engine.request import GenerationRequest
 from ..engine.serial import SerialRow
 from ..engine.threads import run_soon
-from .models import SHAPES, build_random
+from .models import build_random, stream_parser
 
 
 def _per_token(stamps: list[float]) -> float:
@@ -138,11 +137,7 @@ def report(out: dict[str, list[float]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-host")
-    p.add_argument("--rounds", type=int, default=32)
-    p.add_argument("--prompt-tokens", type=int, default=64)
-    p.add_argument("--gen-tokens", type=int, default=256)
+    p = stream_parser(__doc__, rounds=32, prompt_tokens=64, gen_tokens=256)
     a = p.parse_args(argv)
     print("\n".join(report(run(a.shape, a.rounds, a.prompt_tokens, a.gen_tokens))))
 

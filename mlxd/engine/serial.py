@@ -93,7 +93,7 @@ class SerialRow:
         self.emitted: list[int] = []  # tokens handed to the caller (the engine appends)
         self.keeps = type(self).keeps  # fixed for the row's life
         self.clear_due = False
-        self.kept: collections.deque[mx.array] = collections.deque(maxlen=self.keeps or 1)
+        self.kept: collections.deque[mx.array] = collections.deque(maxlen=self.keeps)
         self.progress(0, self.total)
 
     @classmethod
@@ -125,7 +125,7 @@ class SerialRow:
         row.read = None  # the batch's pending token: RowOutput builds its figures
         row.n, row.emitted = len(emitted), list(emitted)
         row.keeps, row.clear_due = cls.keeps, False
-        row.kept = collections.deque(maxlen=row.keeps or 1)
+        row.kept = collections.deque(maxlen=row.keeps)
         return row
 
     def _call(self, tokens: mx.array, emb: mx.array | None) -> mx.array:
@@ -194,8 +194,7 @@ class SerialRow:
         if self.n == req.max_tokens:
             return None
         step = Step(self.y.item(), self.logprobs, self.read)
-        if self.keeps:
-            self.kept.append(self.logprobs)
+        self.kept.append(self.logprobs)  # keeps == 0: a deque of length 0 holds nothing
         self.clear_due = self.n % 256 == 0 and self.clears  # done at the next decode()
         self.y, self.logprobs, self.read = next_y, next_lp, next_read
         self.n += 1
