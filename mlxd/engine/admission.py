@@ -68,17 +68,14 @@ class Admission:
         self,
         active: Callable[[], list[RequestHandle]],
         alone: bool,
-        busy: bool,
         defer: Callable[[GenerationRequest], bool] | None = None,
     ) -> list[Waiting]:
-        """FIFO joiners for this turn (blocks while the engine is idle). A request that cannot
-        be batched is taken only when nothing else runs, and then alone. One that `defer`
-        holds back keeps its place while later ones go ahead."""
-        if busy and not self.waiting and not self.closed:
+        """FIFO joiners for this turn (the engine waits for work before it asks: drive.py). A
+        request that cannot be batched is taken only when nothing else runs, and then alone.
+        One that `defer` holds back keeps its place while later ones go ahead."""
+        if not self.waiting or self.closed:
             return []  # the per-token fast path: no lock, nothing to admit
         with self.wake:
-            while not active() and not self.waiting and not self.closed:
-                self.wake.wait()
             running = active()
             live = {id(h) for h in running}
             joiners: list[Waiting] = []

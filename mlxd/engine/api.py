@@ -6,7 +6,7 @@ The parity tests (tests/parity) hold all of them bit-exact to mlx-lm.
 """
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -20,7 +20,7 @@ from .batch import BatchConfig
 from .engine import Engine
 from .handle import RequestHandle
 from .registry import engine_for
-from .request import GenerationRequest
+from .request import GenerationRequest, TokenEvent
 from .rng import current_key, set_key
 
 
@@ -64,29 +64,39 @@ def stream_generate(
         max_tokens=max_tokens,
         stop_token_ids=eos,
         random_key=current_key(),
-        tokenizer=tokenizer,  # detokenized on the engine thread, in step with the tokens
+        tokenizer=tokenizer,  # detokenized by the turn that makes each token, as mlx-lm does
         **kwargs,
     )
-    handle = engine_for(model).submit(req)
+    engine = engine_for(model)
+    handle = engine.submit_driven(req)  # alone on the main thread: its turns run here (drive.py)
+    events = engine.drive(handle)
     finished = False
     try:
-        yield from _responses(handle, prompt.size, max_tokens, eos)
+        yield from _responses(handle, events, prompt.size, max_tokens, eos)
         finished = True
     finally:
         handle.cancel()  # a consumer that stops early frees the row
-    if finished and (key := handle.wait().random_key) is not None:
+        if not finished:
+            events.close()  # the engine thread ends the row
+    for _ in events:  # the row's last turn (it ends there, cancelled or not)
+        pass
+    if (key := handle.done.random_key if handle.done else None) is not None:
         set_key(key)  # the caller's PRNG advances as it would have under mlx-lm
 
 
 def _responses(
-    handle: RequestHandle, n_prompt: int, max_tokens: int, eos: frozenset[int]
+    handle: RequestHandle,
+    events: Iterator[TokenEvent],
+    n_prompt: int,
+    max_tokens: int,
+    eos: frozenset[int],
 ) -> Generator[GenerationResponse, None, None]:
     """mlx-lm's stream_generate loop over the engine's events (same fields, same order). Each
     event's text is the detokenizer's segment for it; the finishing token's holds the final
     flush, as mlx-lm yields it after `finalize()`."""
     token, logprobs, text, n = None, None, "", 0
     tic = time.perf_counter()
-    for n, event in enumerate(handle):
+    for n, event in enumerate(events):
         token, logprobs = event.token, event.logprobs
         if n == 0:
             prompt_time = time.perf_counter() - tic

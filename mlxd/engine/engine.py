@@ -10,7 +10,6 @@ import atexit
 import collections
 import logging
 import threading
-import time
 import weakref
 from typing import Any
 
@@ -19,6 +18,7 @@ from ..model.folded_attention import is_folded
 from ..model.folded_attention import unsupported as unfoldable
 from .admission import Admission, Overloaded
 from .batch import BatchConfig, BatchedRows, batchable
+from .drive import Driving
 from .fork import ForkJob
 from .handle import RequestHandle
 from .kv_budget import KVCost
@@ -48,7 +48,7 @@ def _close_all() -> None:
         engine.close()
 
 
-class Engine(PrefixRows, Routing, Turns):
+class Engine(PrefixRows, Routing, Turns, Driving):
     """Submit requests from any thread; all MLX work happens on the engine's own thread."""
 
     def __init__(
@@ -98,6 +98,7 @@ class Engine(PrefixRows, Routing, Turns):
         self._keys = KeyOwner()
         self._stopped = threading.Event()
         self._trace = Trace.from_env()  # MLXD_TRACE=FILE: a line per turn; else a no-op
+        self._init_driving()
         self._thread = run_on_worker(self._loop, self._stopped)
         _live.add(self)
 
@@ -196,12 +197,12 @@ class Engine(PrefixRows, Routing, Turns):
 
     # engine thread
     def _admit(self) -> None:
-        busy = self._serial is not None or bool(self._forks) or bool(self._batches)
+        busy = self._busy()
         defer = None
         if self.sharing is not None and busy and self.admission.waiting:
             self.sharing.prune({id(r) for r in self._running_requests()})
             defer = self.sharing.defer
-        joiners = self.admission.take(self._active, self._alone, busy, defer)
+        joiners = self.admission.take(self._active, self._alone, defer)
         if not joiners:
             return
         taken = [h for _, handle in joiners for h in [handle, *self._groups.get(id(handle), [])]]
@@ -226,36 +227,12 @@ class Engine(PrefixRows, Routing, Turns):
             handle.put(DoneEvent("cancelled"))
 
     def _loop(self) -> None:
-        trace = self._trace
         while True:
-            try:
-                trace.begin()
-                self._admit()
-                if self.admission.closed:
-                    self._shutdown()
-                    trace.close()
+            self._await_turn()  # drive.py: idle, or a caller drives its lone row
+            with self._turn_lock:
+                self._take_back()
+                if not self._turn():
                     return
-                tic = time.perf_counter()
-                trace.mark("admit")  # with the wait for work while idle
-                if self._forks:
-                    self._fork_turn()
-                    trace.mark("fork")
-                if self._serial is not None:
-                    self._serial_turn()
-                    trace.mark("serial")
-                if self._batches:
-                    trace.batches(self._batches, before=True)
-                    self._batch_turns()
-                    trace.batches(self._batches, before=False)
-                    trace.mark("batch")
-                if self.sharing is not None:
-                    self.sharing.tick()
-                    trace.mark("tick")
-                self._busy_s += time.perf_counter() - tic
-                trace.end(self._active, len(self.admission.waiting), self.paths)
-            except Exception as e:  # noqa: BLE001 - the loop must outlive any one turn's failure
-                log.exception("engine turn failed; its rows end with the error")
-                self._fail_running(e)
 
     def _fail_running(self, error: Exception) -> None:
         """End every running row with `error` and start clean (the queue keeps waiting)."""

@@ -80,6 +80,19 @@ class RequestHandle:
         assert self.done is not None
         return self.done
 
+    def poll(self) -> TokenEvent | None:
+        """The next token event if one is queued (a DoneEvent ends the row: None, `done` set)."""
+        while self.done is None:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return None
+            if isinstance(event, DoneEvent):
+                self._finish(event)
+            else:
+                return event
+        return None
+
     def __iter__(self) -> Iterator[TokenEvent]:
         while self.done is None:
             event = self._events.get()

@@ -4,7 +4,6 @@ A row alternates `advance()` calls with other rows; the ops it enqueues for itse
 ones generate_step enqueues, in the same order, so its tokens and logprobs are the same bits.
 """
 
-import collections
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -54,10 +53,6 @@ class SerialRow:
     # mlx-lm's mx.clear_cache() after each prefill chunk and every 256 tokens; the engine turns
     # it off where a clear is slow (CUDA: BatchConfig.clear_cache). Buffers only, same bits.
     clears: bool = True
-    # How many emitted logprob vectors the row itself holds on to: with 2, the last reference
-    # usually drops here, at a fixed point of the loop, not on the caller's thread at a moment
-    # that races the next step's allocations (a B=1 experiment: performance.md §4 item 8).
-    keeps: int = 0
 
     def __init__(
         self,
@@ -91,9 +86,7 @@ class SerialRow:
         self.read: Readout | None = None  # its logprob figures, when asked (same graph)
         self.n = 0
         self.emitted: list[int] = []  # tokens handed to the caller (the engine appends)
-        self.keeps = type(self).keeps  # fixed for the row's life
         self.clear_due = False
-        self.kept: collections.deque[mx.array] = collections.deque(maxlen=self.keeps)
         self.progress(0, self.total)
 
     @classmethod
@@ -124,8 +117,7 @@ class SerialRow:
         row.y, row.logprobs = pending
         row.read = None  # the batch's pending token: RowOutput builds its figures
         row.n, row.emitted = len(emitted), list(emitted)
-        row.keeps, row.clear_due = cls.keeps, False
-        row.kept = collections.deque(maxlen=row.keeps)
+        row.clear_due = False
         return row
 
     def _call(self, tokens: mx.array, emb: mx.array | None) -> mx.array:
@@ -194,7 +186,6 @@ class SerialRow:
         if self.n == req.max_tokens:
             return None
         step = Step(self.y.item(), self.logprobs, self.read)
-        self.kept.append(self.logprobs)  # keeps == 0: a deque of length 0 holds nothing
         self.clear_due = self.n % 256 == 0 and self.clears  # done at the next decode()
         self.y, self.logprobs, self.read = next_y, next_lp, next_read
         self.n += 1

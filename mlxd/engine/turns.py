@@ -3,6 +3,7 @@ serial row, the batched rows. Each ends its own rows on error; the engine never 
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -24,6 +25,52 @@ class Turns:
     _batches: dict[Any, Any]
     config: Any
     _clear_due = False  # a closed batch's mx.clear_cache(), after its last events went out
+    _trace: Any
+    admission: Any
+    sharing: Any
+    paths: Any
+    _busy_s: float
+    _admit: Callable[[], None]
+    _shutdown: Callable[[], None]
+    _fail_running: Callable[[Exception], None]
+    _active: Callable[[], list[Any]]
+
+    def _busy(self) -> bool:
+        return self._serial is not None or bool(self._forks) or bool(self._batches)
+
+    def _turn(self) -> bool:
+        """Admit, then one unit of each kind of row; on the engine thread or a driver's. False
+        once the engine has shut down."""
+        trace = self._trace
+        try:
+            trace.begin()
+            self._admit()
+            if self.admission.closed:
+                self._shutdown()
+                trace.close()
+                return False
+            tic = time.perf_counter()
+            trace.mark("admit")
+            if self._forks:
+                self._fork_turn()
+                trace.mark("fork")
+            if self._serial is not None:
+                self._serial_turn()
+                trace.mark("serial")
+            if self._batches:
+                trace.batches(self._batches, before=True)
+                self._batch_turns()
+                trace.batches(self._batches, before=False)
+                trace.mark("batch")
+            if self.sharing is not None:
+                self.sharing.tick()
+                trace.mark("tick")
+            self._busy_s += time.perf_counter() - tic
+            trace.end(self._active, len(self.admission.waiting), self.paths)
+        except Exception as e:  # noqa: BLE001 - the loop must outlive any one turn's failure
+            log.exception("engine turn failed; its rows end with the error")
+            self._fail_running(e)
+        return True
 
     def _fork_turn(self) -> None:
         """One prefill chunk for each n > 1 prompt; ready ones fork into the batch."""

@@ -78,35 +78,29 @@ def test_probe_handoff_reports_seven_variants_with_ratios(capsys) -> None:
     assert all(re.search(r"per-round / mlx-lm [\d.]+ \[[\d.]+-[\d.]+\]$", x) for x in lines[1:])
 
 
-def test_probe_fresh_compares_both_sides_with_and_without_the_clear(capsys) -> None:
+def test_probe_fresh_compares_the_sides_with_and_without_the_clear(capsys) -> None:
+    sides = "mlx-lm,mlxd,mlxd hand-off,serial row on a worker"
     probe_fresh.main(
-        [
-            "--shape",
-            "qwen3-host",
-            "--rounds",
-            "2",
-            "--prompt-tokens",
-            "8",
-            "--gen-tokens",
-            "12",
-            "--memory",
-        ]  # fmt: skip
-    )
+        ["--shape", "qwen3-host", "--rounds", "2", "--prompt-tokens", "8", "--gen-tokens", "12",
+         "--sides", sides, "--memory"]
+    )  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines[:4]] == [
-        "fresh=False, mlxd",
-        "fresh=False, mlxd keeps 2",
-        "fresh=True, mlxd",
-        "fresh=True, mlxd keeps 2",
+    others = sides.split(",")[1:]
+    ttft = [lines[0], lines[4]]
+    ratios = lines[1:4] + lines[5:8]
+    assert [x.split(":")[0] for x in ttft] == [f"fresh={f}, TTFT ms median" for f in (False, True)]
+    assert all(re.search(r"mlx-lm [\d.]+, mlxd [\d.]+, .*on a worker [\d.]+$", x) for x in ttft)
+    assert [x.split(":")[0] for x in ratios] == [
+        f"fresh={f}, {side}" for f in (False, True) for side in others
     ]
-    assert [line.split(" reserved")[0].strip() for line in lines[4:]] == [
-        "mlx-lm",
-        "mlxd",
-        "mlxd keeps 2",
-    ]
-    assert all(re.search(r"token 1:[\d.]+ 2:[\d.]+ 4:[\d.]+ 8:[\d.]+$", x) for x in lines[4:])
-    for line in lines[:4]:
+    for line in ratios:
         assert re.search(r"p10 [\d.]+/[\d.]+ \([\d.]+\) p25 .* p50 .*per-round ratio [\d.]+$", line)
+    memory = lines[8:]
+    assert [x.split(" reserved")[0].strip() for x in memory] == sides.split(",")[:3]
+    assert all(re.search(r"token 1:[\d.]+ 2:[\d.]+ 4:[\d.]+ 8:[\d.]+$", x) for x in memory)
+    for bad in (["--sides", "mlx-lm,nonsense"], ["--fresh", "tepid"]):
+        with pytest.raises(SystemExit):
+            probe_fresh.main(bad)
 
 
 def test_probe_compile_times_each_variant_and_compares_the_compiled_tokens(capsys) -> None:

@@ -280,59 +280,6 @@ def test_an_unexpected_turn_failure_fails_running_rows_not_the_engine(model) -> 
         engine.close()
 
 
-def test_stream_generate_detokenizes_on_the_engine_thread(tiny_model) -> None:
-    """mlxd's stream_generate detokenizes where the tokens are made, as mlx-lm's loop does on
-    its one thread: the caller's thread only takes each finished response (one GIL holder per
-    token on a host-bound step, not two). The texts themselves are compared in tests/parity."""
-    from mlx_lm import load
-
-    from mlxd import stream_generate
-
-    model, tokenizer = load(str(tiny_model("qwen3")))
-    seen: set[int] = set()
-    inner = type(tokenizer._detokenizer)
-
-    class Spy(inner):  # type: ignore[misc, valid-type]
-        def add_token(self, token: int) -> None:
-            seen.add(threading.get_ident())
-            super().add_token(token)
-
-    spy = Spy.__new__(Spy)
-    spy.__dict__.update(tokenizer._detokenizer.__dict__)
-    tokenizer._detokenizer = spy
-    texts = [r.text for r in stream_generate(model, tokenizer, [1, 2, 3, 4, 5], max_tokens=8)]
-    assert len(texts) == 8
-    assert seen and threading.get_ident() not in seen
-
-
-def test_a_serial_row_that_keeps_two_vectors_holds_the_last_two_it_emitted(model) -> None:
-    """SerialRow.keeps (a B=1 experiment, performance.md §4 item 8): the row itself holds its
-    last `keeps` emitted logprob vectors, so their last reference drops on the engine thread;
-    at the default 0 it holds none. Tokens are unaffected."""
-    from mlx_lm.generate import generation_stream
-
-    from mlxd.engine.serial import SerialRow
-
-    def drive(keeps: int) -> tuple[list[int], list, SerialRow]:
-        SerialRow.keeps = keeps
-        try:
-            row = SerialRow(model, GenerationRequest(prompt=mx.array(PROMPTS[2]), max_tokens=6),
-                            generation_stream)  # fmt: skip
-        finally:
-            SerialRow.keeps = 0
-        while row.prefilling:
-            row.prefill_chunk()
-        steps = []
-        while (step := row.decode()) is not None:
-            steps.append(step)
-        return [s.token for s in steps], [s.logprobs for s in steps], row
-
-    tokens, vectors, row = drive(2)
-    assert [id(v) for v in row.kept] == [id(v) for v in vectors[-2:]]
-    plain_tokens, _, plain = drive(0)
-    assert len(plain.kept) == 0 and plain_tokens == tokens
-
-
 def test_a_serial_row_clears_the_buffer_cache_where_generate_step_does(model, monkeypatch) -> None:
     """mlx-lm clears after each prefill chunk and, every 256 tokens, after it has yielded the
     token: the token goes out first. The serial row clears at the same points of the token

@@ -89,7 +89,7 @@ def test_admission_runs_more_4_bit_rows_at_once_than_unquantized(
             GenerationRequest(prompt=mx.arange(16), max_tokens=total - 16, **kv) for _ in range(40)
         ]
         adm.push([(r, RequestHandle()) for r in rows])
-        return len(adm.take(lambda: [], False, False))
+        return len(adm.take(lambda: [], False))
 
     ratio = _measured(model, None, 64) / _measured(model, 4, 64)
     assert ratio == 6.4

@@ -94,7 +94,9 @@ def test_fused_model_equals_the_folded_one_bit_for_bit(model, stacked_calls) -> 
     assert not isinstance(model.model.layers[0].mlp, fp.FusedMLP)
 
 
-def test_engine_with_fused_projections_equals_batch_generator(tiny_model, stacked_calls) -> None:
+def test_engine_with_fused_projections_equals_batch_generator_on_cpu(
+    tiny_model, stacked_calls
+) -> None:
     model = load_model(tiny_model, "qwen3")
     expected = batch_generator_outputs(model, PROMPTS, 12, frozenset())
     engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, attention="folded+fused"))

@@ -1,0 +1,114 @@
+"""A lone stream read on the main thread runs the engine's turns there, as mlx-lm's loop runs
+on its caller's thread.
+
+Handing every token from the engine thread to a reader costs a thread wake-up or a GIL hand-off
+per token; on the H200's VMs that was 3-7% of a host-bound step and one graph build (~5 ms) of
+TTFT (docs/performance.md §4 item 8). So when the engine is idle, the Python API's reader becomes
+its driver: it runs the turns itself, under the turn lock, while its row is alone. The moment
+other work arrives the engine thread takes the rows back and the reader waits for events as
+before. Only one thread runs turns at a time, and a turn is the same code on either thread, so
+the bits are the same. Only the main thread drives: MLX (0.32, CPU backend) can abort at exit
+after a thread that ran MLX ops has ended, and the main thread ends last.
+"""
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .handle import RequestHandle
+from .request import GenerationRequest, TokenEvent
+
+
+class Driving:
+    """Mixed into Engine: the turn lock, the driver, and the engine thread's wait for work."""
+
+    admission: Any
+    _active: Callable[[], list[RequestHandle]]
+    _busy: Callable[[], bool]
+    _submit: Callable[[list[GenerationRequest], list[RequestHandle]], list[RequestHandle]]
+    _turn: Callable[[], bool]
+    drivable = True  # False: every reader waits for the engine thread (the A/B's other side)
+
+    def _init_driving(self) -> None:
+        self._turn_lock = threading.Lock()  # held by whichever thread runs a turn
+        self._driver: RequestHandle | None = None
+
+    def submit_driven(self, req: GenerationRequest) -> RequestHandle:
+        """Submit `req`; read it with `drive`. If the engine is idle and this is the main
+        thread, this thread will run the turns while its row is alone."""
+        handle = RequestHandle()
+        main = threading.current_thread() is threading.main_thread()
+        with self.admission.wake:
+            if main and self.drivable and self._idle():
+                self._driver = handle
+        try:
+            self._submit([req], [handle])
+        except BaseException:
+            self._release(handle)
+            raise
+        return handle
+
+    def drive(self, handle: RequestHandle) -> Iterator[TokenEvent]:
+        """The handle's token events; each one missing is made here by a turn while the row is
+        alone, otherwise the engine thread makes them."""
+        try:
+            while handle.done is None:
+                event = handle.poll()
+                if event is not None:
+                    yield event
+                elif handle.done is None and not self._drive_once(handle):
+                    self._release(handle)
+                    yield from handle
+        finally:
+            self._release(handle)
+
+    def _drive_once(self, handle: RequestHandle) -> bool:
+        with self._turn_lock:
+            with self.admission.wake:
+                if self._driver is not handle or not self._alone_with(handle):
+                    return False
+            self._turn()
+            return True
+
+    def _idle(self) -> bool:
+        return (
+            self._driver is None
+            and not self.admission.closed
+            and not self.admission.waiting
+            and not self._active()
+        )
+
+    def _alone_with(self, handle: RequestHandle) -> bool:
+        """Nothing but `handle`'s row is running or waiting (holding admission.wake)."""
+        if self.admission.closed:
+            return False
+        waiting = all(h is handle for _, h in self.admission.waiting)
+        return waiting and all(h is handle for h in self._active())
+
+    def _release(self, handle: RequestHandle) -> None:
+        """`handle` stops driving: the engine thread serves what is left of its row."""
+        with self.admission.wake:
+            if self._driver is handle:
+                self._driver = None
+                self.admission.wake.notify()
+
+    def _has_work(self) -> bool:
+        """Work for the engine thread (holding admission.wake): a driver's own row is not."""
+        if self.admission.closed:
+            return True
+        if self._driver is None:
+            return bool(self.admission.waiting) or bool(self._active())
+        return any(h is not self._driver for _, h in self.admission.waiting)
+
+    def _await_turn(self) -> None:
+        """The engine thread's wait between turns: none while it has rows of its own."""
+        if self._driver is None and self._busy():
+            return  # the per-token fast path: no lock
+        with self.admission.wake:
+            while not self._has_work():
+                self.admission.wake.wait()
+
+    def _take_back(self) -> None:
+        """The engine thread has the turn lock and other work: the driver's row is its own
+        again (the driver sees that before its next turn and waits for events instead)."""
+        self._driver = None

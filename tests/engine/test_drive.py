@@ -1,0 +1,182 @@
+"""A lone stream read on the main thread runs the engine's turns there (engine/drive.py).
+
+Which thread runs a turn must change nothing but the thread: the tokens and logprobs are
+compared with mlx-lm's generate_step and with the engine thread's own runs; another request
+takes the rows back to the engine thread; a reader that stops early, or an engine that closes
+under a driver, leaves nothing running.
+"""
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+from mlxd.engine.serial import SerialRow
+from mlxd.engine.threads import run_on_worker
+
+PROMPT = [3, 14, 15, 92, 65, 35]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model: Callable[..., Path]):
+    from mlx_lm import load
+
+    return load(str(tiny_model("qwen3")))
+
+
+@pytest.fixture
+def decode_threads(monkeypatch) -> list[int]:
+    """The threads that ran each serial decode step, in order."""
+    seen: list[int] = []
+    real = SerialRow.decode
+
+    def spy(self):
+        seen.append(threading.get_ident())
+        return real(self)
+
+    monkeypatch.setattr(SerialRow, "decode", spy)
+    return seen
+
+
+def _on_worker(job: Callable[[], object]) -> object:
+    """Run `job` on a pooled non-main thread (threads that ran MLX must not end: threads.py)."""
+    out: list[object] = []
+    done = threading.Event()
+    run_on_worker(lambda: out.append(job()), done)
+    assert done.wait(120)
+    return out[0]
+
+
+def _reference(model, n: int) -> tuple[list[int], list[mx.array]]:
+    pairs = list(generate_step(mx.array(PROMPT), model, max_tokens=n))
+    return [t for t, _ in pairs], [lp for _, lp in pairs]
+
+
+def _same(got: list[mx.array], ref: list[mx.array]) -> bool:
+    pairs = zip(got, ref, strict=True)
+    return len(got) == len(ref) and all(mx.array_equal(a, b).item() for a, b in pairs)
+
+
+def test_a_lone_stream_on_the_main_thread_runs_its_turns_there(loaded, decode_threads) -> None:
+    from mlxd import stream_generate
+
+    model, tokenizer = loaded
+    ref_tokens, ref_lps = _reference(model, 10)
+    out = list(stream_generate(model, tokenizer, PROMPT, max_tokens=10))
+    assert [r.token for r in out] == ref_tokens
+    assert _same([r.logprobs for r in out], ref_lps)
+    assert decode_threads and set(decode_threads) == {threading.get_ident()}
+
+
+def test_a_stream_read_off_the_main_thread_waits_for_the_engine_thread(
+    loaded, decode_threads
+) -> None:
+    from mlxd import stream_generate
+
+    model, tokenizer = loaded
+    ref_tokens, ref_lps = _reference(model, 10)
+
+    def read() -> tuple[int, list]:
+        return threading.get_ident(), list(stream_generate(model, tokenizer, PROMPT, max_tokens=10))
+
+    reader, out = _on_worker(read)
+    assert [r.token for r in out] == ref_tokens
+    assert _same([r.logprobs for r in out], ref_lps)
+    threads = set(decode_threads)
+    assert len(threads) == 1 and threading.get_ident() not in threads and reader not in threads
+
+
+def test_detokenizing_happens_in_the_turn_that_makes_the_token(
+    loaded, tiny_model, decode_threads
+) -> None:
+    """As mlx-lm's loop detokenizes beside its step: whichever thread runs the turns."""
+    from mlx_lm import load
+
+    from mlxd import stream_generate
+
+    model = loaded[0]
+    tokenizer = load(str(tiny_model("qwen3")))[1]  # a tokenizer of its own to spy on
+    seen: list[int] = []
+    inner = type(tokenizer._detokenizer)
+
+    class Spy(inner):  # type: ignore[misc, valid-type]
+        def add_token(self, token: int) -> None:
+            seen.append(threading.get_ident())
+            super().add_token(token)
+
+    spy = Spy.__new__(Spy)
+    spy.__dict__.update(tokenizer._detokenizer.__dict__)
+    tokenizer._detokenizer = spy
+    texts = [r.text for r in stream_generate(model, tokenizer, PROMPT, max_tokens=8)]
+    assert len(texts) == 8 and set(seen) == set(decode_threads) == {threading.get_ident()}
+    seen.clear()
+    decode_threads.clear()
+    _on_worker(lambda: list(stream_generate(model, tokenizer, PROMPT, max_tokens=8)))
+    assert seen and set(seen) == set(decode_threads)
+    assert threading.get_ident() not in seen
+
+
+def test_a_second_request_takes_the_rows_back_to_the_engine_thread(loaded, decode_threads) -> None:
+    """While the main thread drives, a request from another thread joins: the engine thread
+    runs both from then on, and both end with the tokens the engine gives them undriven."""
+    model, _ = loaded
+    n = 24
+
+    def run(drive: bool) -> tuple[list[int], list[int]]:
+        engine = Engine(model)
+        try:
+            req = GenerationRequest(prompt=mx.array(PROMPT), max_tokens=n)
+            first = engine.submit_driven(req) if drive else engine.submit(req)
+            events = engine.drive(first) if drive else iter(first)
+            mine = [next(events).token for _ in range(3)]
+            second = engine.submit(GenerationRequest(prompt=mx.array(PROMPT[:4]), max_tokens=n))
+            mine += [e.token for e in events]
+            return mine, [e.token for e in second]
+        finally:
+            engine.close()
+
+    driven = run(True)
+    main = threading.get_ident()
+    assert decode_threads[:3] == [main] * 3  # the first tokens were made here
+    assert main not in decode_threads[3:]  # then the engine thread took the rows back
+    decode_threads.clear()
+    assert driven == run(False)
+    assert main not in decode_threads
+
+
+def test_a_driven_stream_closed_early_frees_its_row(loaded) -> None:
+    from mlxd import stream_generate
+    from mlxd.engine.registry import engine_for
+
+    model, tokenizer = loaded
+    gen = stream_generate(model, tokenizer, PROMPT, max_tokens=50)
+    assert [next(gen).token for _ in range(2)]
+    gen.close()
+    engine = engine_for(model)
+    deadline = time.monotonic() + 30
+    while engine.stats()["active"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.stats()["active"] == 0 and engine._driver is None
+    ref_tokens, _ = _reference(model, 6)  # and the next stream is served (and driven) as usual
+    assert [r.token for r in stream_generate(model, tokenizer, PROMPT, max_tokens=6)] == ref_tokens
+
+
+def test_closing_the_engine_under_a_driver_ends_its_row(loaded) -> None:
+    model, _ = loaded
+    engine = Engine(model)
+    handle = engine.submit_driven(GenerationRequest(prompt=mx.array(PROMPT), max_tokens=500))
+    events = engine.drive(handle)
+    assert [next(events) for _ in range(2)]
+    closer = threading.Thread(target=engine.close)
+    closer.start()  # close() waits for the engine thread, which needs the turn lock
+    rest = list(events)
+    closer.join(30)
+    assert not closer.is_alive() and not engine.alive
+    assert handle.done is not None and handle.done.reason == "cancelled"
+    assert len(rest) < 498
