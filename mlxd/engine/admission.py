@@ -69,13 +69,21 @@ class Admission:
         active: Callable[[], list[RequestHandle]],
         alone: bool,
         defer: Callable[[GenerationRequest], bool] | None = None,
+        only: RequestHandle | None = None,
     ) -> list[Waiting]:
         """FIFO joiners for this turn (the engine waits for work before it asks: drive.py). A
         request that cannot be batched is taken only when nothing else runs, and then alone.
-        One that `defer` holds back keeps its place while later ones go ahead."""
+        One that `defer` holds back keeps its place while later ones go ahead. `only`: a
+        driver's turn takes its own request and no other (drive.py)."""
         if not self.waiting or self.closed:
             return []  # the per-token fast path: no lock, nothing to admit
         with self.wake:
+            if only is not None:
+                live = {id(h) for h in active()}
+                mine = [w for w in self.waiting if w[1] is only and self._fits(*w, live)]
+                for w in mine:
+                    self.waiting.remove(w)
+                return mine
             running = active()
             live = {id(h) for h in running}
             joiners: list[Waiting] = []

@@ -4,11 +4,15 @@ on its caller's thread.
 Handing every token from the engine thread to a reader costs a thread wake-up or a GIL hand-off
 per token; on the H200's VMs that was 3-7% of a host-bound step and one graph build (~5 ms) of
 TTFT (docs/performance.md §4 item 8). So when the engine is idle, the Python API's reader becomes
-its driver: it runs the turns itself, under the turn lock, while its row is alone. The moment
-other work arrives the engine thread takes the rows back and the reader waits for events as
-before. Only one thread runs turns at a time, and a turn is the same code on either thread, so
-the bits are the same. Only the main thread drives: MLX (0.32, CPU backend) can abort at exit
-after a thread that ran MLX ops has ended, and the main thread ends last.
+its driver: it runs the turns itself, under the turn lock, while its serial row is alone.
+
+MLX streams and PRNG keys are per thread, so the row cannot simply be taken from the driver:
+the driver hands it over itself, on its own thread, as soon as it sees other work (before its
+next turn or right after one): it evaluates what the row holds and leaves the row's key with
+the engine's `KeyOwner`, then the engine thread carries on with the same state. Until then the
+engine thread only waits. Only one thread runs turns at a time, and a turn is the same code on
+either thread, so the bits are the same. Only the main thread drives: MLX (0.32, CPU backend)
+can abort at exit after a thread that ran MLX ops has ended, and the main thread ends last.
 """
 
 import threading
@@ -16,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .handle import RequestHandle
+from .materialize import materialize
 from .request import GenerationRequest, TokenEvent
 
 
@@ -23,10 +28,15 @@ class Driving:
     """Mixed into Engine: the turn lock, the driver, and the engine thread's wait for work."""
 
     admission: Any
+    serial_fast_path: bool
+    _serial: Any
+    _batches: dict[Any, Any]
+    _forks: list[Any]
+    _keys: Any
     _active: Callable[[], list[RequestHandle]]
     _busy: Callable[[], bool]
     _submit: Callable[[list[GenerationRequest], list[RequestHandle]], list[RequestHandle]]
-    _turn: Callable[[], bool]
+    _turn: Callable[..., bool]
     drivable = True  # False: every reader waits for the engine thread (the A/B's other side)
 
     def _init_driving(self) -> None:
@@ -39,7 +49,7 @@ class Driving:
         handle = RequestHandle()
         main = threading.current_thread() is threading.main_thread()
         with self.admission.wake:
-            if main and self.drivable and self._idle():
+            if main and self.drivable and self.serial_fast_path and self._idle():
                 self._driver = handle
         try:
             self._submit([req], [handle])
@@ -57,18 +67,38 @@ class Driving:
                 if event is not None:
                     yield event
                 elif handle.done is None and not self._drive_once(handle):
-                    self._release(handle)
                     yield from handle
-        finally:
+        finally:  # a reader that stops early: the engine thread ends the row
+            if self._driver is handle and threading.current_thread() is threading.main_thread():
+                with self._turn_lock:
+                    self._hand_over(handle)
             self._release(handle)
 
     def _drive_once(self, handle: RequestHandle) -> bool:
+        """One turn here if the row is still alone; else hand it over (False)."""
         with self._turn_lock:
-            with self.admission.wake:
-                if self._driver is not handle or not self._alone_with(handle):
-                    return False
-            self._turn()
+            if self._driver is not handle:
+                return False
+            if not self._still_alone(handle):
+                self._hand_over(handle)
+                return False
+            self._turn(only=handle)
+            if not self._still_alone(handle):  # others came during the turn: don't keep them
+                self._hand_over(handle)
             return True
+
+    def _still_alone(self, handle: RequestHandle) -> bool:
+        with self.admission.wake:
+            return self._alone_with(handle) and not self._batches and not self._forks
+
+    def _hand_over(self, handle: RequestHandle) -> None:
+        """On the driver's thread, under the turn lock: nothing lazy left in the row, its key
+        with the KeyOwner, then the engine thread takes the row as it is."""
+        if self._serial is not None:
+            row = self._serial[0]
+            materialize(row.cache, row.prompt, row.emb, row.tokens, row.y, row.logprobs, row.read)
+        self._keys.spill()
+        self._release(handle)
 
     def _idle(self) -> bool:
         return (
@@ -93,12 +123,13 @@ class Driving:
                 self.admission.wake.notify()
 
     def _has_work(self) -> bool:
-        """Work for the engine thread (holding admission.wake): a driver's own row is not."""
+        """Work for the engine thread (holding admission.wake). While a caller drives, the
+        engine thread waits for it to hand over (or for the engine to close)."""
         if self.admission.closed:
             return True
-        if self._driver is None:
-            return bool(self.admission.waiting) or bool(self._active())
-        return any(h is not self._driver for _, h in self.admission.waiting)
+        if self._driver is not None:
+            return False
+        return bool(self.admission.waiting) or bool(self._active())
 
     def _await_turn(self) -> None:
         """The engine thread's wait between turns: none while it has rows of its own."""
@@ -107,8 +138,3 @@ class Driving:
         with self.admission.wake:
             while not self._has_work():
                 self.admission.wake.wait()
-
-    def _take_back(self) -> None:
-        """The engine thread has the turn lock and other work: the driver's row is its own
-        again (the driver sees that before its next turn and waits for events instead)."""
-        self._driver = None

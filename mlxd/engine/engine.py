@@ -196,13 +196,14 @@ class Engine(PrefixRows, Routing, Turns, Driving):
             self._stopped.wait(timeout=30)
 
     # engine thread
-    def _admit(self) -> None:
+    def _admit(self, only: RequestHandle | None = None) -> None:
+        """Start waiting requests as rows (`only`: just that one, for a driver)."""
         busy = self._busy()
         defer = None
         if self.sharing is not None and busy and self.admission.waiting:
             self.sharing.prune({id(r) for r in self._running_requests()})
             defer = self.sharing.defer
-        joiners = self.admission.take(self._active, self._alone, defer)
+        joiners = self.admission.take(self._active, self._alone, defer, only)
         if not joiners:
             return
         taken = [h for _, handle in joiners for h in [handle, *self._groups.get(id(handle), [])]]
@@ -230,7 +231,6 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         while True:
             self._await_turn()  # drive.py: idle, or a caller drives its lone row
             with self._turn_lock:
-                self._take_back()
                 if not self._turn():
                     return
 

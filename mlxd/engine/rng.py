@@ -39,6 +39,13 @@ class KeyOwner:
         set_key(self.keys.pop(id(row), initial))
         self.owner = row
 
+    def spill(self) -> None:
+        """This thread stops running turns (a driver hands over, drive.py): keys are per
+        thread, so the held row's key is read here for the next thread to set."""
+        if self.owner is not None:
+            self.keys[id(self.owner)] = current_key()
+            self.owner = None
+
     def adopt(self, row: object, key: tuple[int, int]) -> None:
         """A row arriving with a key of its own (from the batch) starts from that key."""
         self.keys[id(row)] = key

@@ -30,7 +30,7 @@ class Turns:
     sharing: Any
     paths: Any
     _busy_s: float
-    _admit: Callable[[], None]
+    _admit: Callable[[Any], None]
     _shutdown: Callable[[], None]
     _fail_running: Callable[[Exception], None]
     _active: Callable[[], list[Any]]
@@ -38,13 +38,13 @@ class Turns:
     def _busy(self) -> bool:
         return self._serial is not None or bool(self._forks) or bool(self._batches)
 
-    def _turn(self) -> bool:
-        """Admit, then one unit of each kind of row; on the engine thread or a driver's. False
-        once the engine has shut down."""
+    def _turn(self, only: Any = None) -> bool:
+        """Admit, then one unit of each kind of row; on the engine thread or a driver's (which
+        admits `only` its own request). False once the engine has shut down."""
         trace = self._trace
         try:
             trace.begin()
-            self._admit()
+            self._admit(only)
             if self.admission.closed:
                 self._shutdown()
                 trace.close()

@@ -53,8 +53,8 @@ def _on_worker(job: Callable[[], object]) -> object:
     return out[0]
 
 
-def _reference(model, n: int) -> tuple[list[int], list[mx.array]]:
-    pairs = list(generate_step(mx.array(PROMPT), model, max_tokens=n))
+def _reference(model, n: int, prompt: list[int] = PROMPT) -> tuple[list[int], list[mx.array]]:
+    pairs = list(generate_step(mx.array(prompt), model, max_tokens=n))
     return [t for t, _ in pairs], [lp for _, lp in pairs]
 
 
@@ -123,8 +123,9 @@ def test_detokenizing_happens_in_the_turn_that_makes_the_token(
 
 
 def test_a_second_request_takes_the_rows_back_to_the_engine_thread(loaded, decode_threads) -> None:
-    """While the main thread drives, a request from another thread joins: the engine thread
-    runs both from then on, and both end with the tokens the engine gives them undriven."""
+    """While the main thread drives, a request from elsewhere arrives: the driver hands its row
+    over before its next turn, the engine thread runs both from then on, and both end with the
+    tokens the engine gives them undriven."""
     model, _ = loaded
     n = 24
 
@@ -180,3 +181,33 @@ def test_closing_the_engine_under_a_driver_ends_its_row(loaded) -> None:
     assert not closer.is_alive() and not engine.alive
     assert handle.done is not None and handle.done.reason == "cancelled"
     assert len(rest) < 498
+
+
+def test_a_sampled_row_handed_over_keeps_its_key_and_its_bits(loaded, decode_threads) -> None:
+    """`batch=1`: a seeded row driven for three tokens, then handed over when a second request
+    arrives, ends with exactly mlx-lm's seeded tokens and logprobs: its PRNG key (per thread in
+    MLX) and its lazy arrays moved with it (drive.py `_hand_over`)."""
+    from mlx_lm.sample_utils import make_sampler
+
+    from mlxd.engine.sampling import SamplingParams
+
+    model, _ = loaded
+    mx.random.seed(42)
+    ref = list(generate_step(mx.array(PROMPT), model, max_tokens=12, sampler=make_sampler(1.0)))
+    engine = Engine(model, batch=1)
+    try:
+        req = GenerationRequest(
+            prompt=mx.array(PROMPT), max_tokens=12, sampling=SamplingParams(temp=1.0), seed=42
+        )
+        first = engine.submit_driven(req)
+        events = engine.drive(first)
+        got = [next(events) for _ in range(3)]
+        second = engine.submit(GenerationRequest(prompt=mx.array(PROMPT[:3]), max_tokens=4))
+        got += list(events)
+        assert [e.token for e in got] == [t for t, _ in ref]
+        assert _same([e.logprobs for e in got], [lp for _, lp in ref])
+        assert [e.token for e in second] == _reference(model, 4, PROMPT[:3])[0]
+    finally:
+        engine.close()
+    main = threading.get_ident()
+    assert decode_threads[:3] == [main] * 3 and main not in decode_threads[3:]

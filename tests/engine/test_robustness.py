@@ -151,3 +151,54 @@ def test_a_failure_while_starting_rows_ends_them(model, monkeypatch) -> None:
         assert [len(list(h)) for h in again] == [2, 2]
     finally:
         e.close()
+
+
+def _driven(engine: Engine, s: dict) -> tuple[bool, list[int], str]:
+    """One request read on this (the main) thread: (driven at first?, tokens, reason)."""
+    handle = engine.submit_driven(_request(s))
+    driven = engine._driver is handle
+    tokens = []
+    for e in engine.drive(handle):
+        tokens.append(e.token)
+        if s["cancel_after"] is not None and len(tokens) > s["cancel_after"]:
+            handle.cancel()
+    assert handle.done is not None and engine._driver is not handle
+    return driven, tokens, handle.done.reason
+
+
+def test_random_load_while_the_main_thread_drives(model) -> None:
+    """`batch=1`: the main thread reads requests of its own (driven whenever it finds the engine
+    idle, engine/drive.py) before, while and after 100 others arrive from threads. Every one of
+    them equals its solo mlx-lm run, and nothing is left running."""
+    rng = random.Random(15)
+    specs = [_spec(rng, i) for i in range(N)]
+    mine = [_spec(rng, i) for i in range(24)]
+    engine = Engine(model, batch=1)
+    try:
+        list(engine.submit(_request(specs[0])))
+        baseline = settled_active_memory()
+        out: list = []
+        background = threading.Thread(target=lambda: out.append(_run(engine, specs)))
+        driven = 0
+        for i, s in enumerate(mine):
+            if i == 8:
+                background.start()  # the next ones mostly find the engine busy
+            if i == 16:
+                background.join(timeout=600)  # and these find it idle again
+            time.sleep(s["delay"])
+            was_driven, tokens, reason = _driven(engine, s)
+            driven += was_driven
+            assert tokens == _reference(model, s)[: len(tokens)]
+            if reason == "length":
+                assert len(tokens) == s["max_tokens"]
+            else:
+                assert reason == "cancelled" and s["cancel_after"] is not None
+        assert driven >= 16  # the idle engine was driven before and after the load
+        for s, (tokens, reason) in zip(specs, out[0], strict=True):
+            assert reason in {"length", "cancelled"}
+            assert tokens == _reference(model, s)[: len(tokens)]
+        stats = engine.stats()
+        assert stats["active"] == stats["waiting"] == 0
+        assert settled_active_memory() <= baseline + 64 * 1024
+    finally:
+        engine.close()
