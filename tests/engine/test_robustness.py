@@ -90,6 +90,12 @@ def _run(engine: Engine, specs: list[dict]) -> list[tuple[list[int], str]]:
     return results
 
 
+def _nothing_left(engine: Engine, baseline: int) -> None:
+    stats = engine.stats()
+    assert stats["active"] == stats["waiting"] == 0
+    assert settled_active_memory() <= baseline + 64 * 1024
+
+
 @pytest.mark.parametrize("batch", [1, 8], ids=["serial", "batched"])
 def test_random_load(model, batch: int) -> None:
     rng = random.Random(batch)
@@ -107,9 +113,7 @@ def test_random_load(model, batch: int) -> None:
                 assert s["cancel_after"] is not None and len(tokens) < s["max_tokens"]
             if batch == 1:
                 assert tokens == _reference(model, s)[: len(tokens)]
-        stats = engine.stats()
-        assert stats["active"] == stats["waiting"] == 0
-        assert settled_active_memory() <= baseline + 64 * 1024
+        _nothing_left(engine, baseline)
     finally:
         engine.close()
 
@@ -197,8 +201,6 @@ def test_random_load_while_the_main_thread_drives(model) -> None:
         for s, (tokens, reason) in zip(specs, out[0], strict=True):
             assert reason in {"length", "cancelled"}
             assert tokens == _reference(model, s)[: len(tokens)]
-        stats = engine.stats()
-        assert stats["active"] == stats["waiting"] == 0
-        assert settled_active_memory() <= baseline + 64 * 1024
+        _nothing_left(engine, baseline)
     finally:
         engine.close()
