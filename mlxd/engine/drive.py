@@ -33,6 +33,7 @@ class Driving:
     _batches: dict[Any, Any]
     _forks: list[Any]
     _keys: Any
+    paths: Any
     _active: Callable[[], list[RequestHandle]]
     _busy: Callable[[], bool]
     _submit: Callable[[list[GenerationRequest], list[RequestHandle]], list[RequestHandle]]
@@ -56,6 +57,9 @@ class Driving:
         except BaseException:
             self._release(handle)
             raise
+        if self._driver is handle:
+            with self._turn_lock:  # paths is counted under the turn lock (by turns)
+                self.paths["driven"] += 1
         return handle
 
     def drive(self, handle: RequestHandle) -> Iterator[TokenEvent]:
@@ -97,6 +101,7 @@ class Driving:
         if self._serial is not None:
             row = self._serial[0]
             materialize(row.cache, row.prompt, row.emb, row.tokens, row.y, row.logprobs, row.read)
+            self.paths["driven->engine thread"] += 1
         self._keys.spill()
         self._release(handle)
 

@@ -207,6 +207,9 @@ def test_a_sampled_row_handed_over_keeps_its_key_and_its_bits(loaded, decode_thr
         assert [e.token for e in got] == [t for t, _ in ref]
         assert _same([e.logprobs for e in got], [lp for _, lp in ref])
         assert [e.token for e in second] == _reference(model, 4, PROMPT[:3])[0]
+        paths = engine.stats()["paths"]  # issue 3's "which path each request took"
+        assert paths["driven"] == paths["driven->engine thread"] == 1
+        assert paths["serial"] == 2
     finally:
         engine.close()
     main = threading.get_ident()
