@@ -19,6 +19,7 @@ from tqdm import tqdm
 from ..engine import stream_generate as mlxd_stream_generate
 from ..engine.batch import BatchConfig
 from ..engine.engine import Engine
+from ..engine.registry import engine_for
 from . import concurrent
 from .models import BenchModel, build_random, load_ref, random_prompts
 from .report import (
@@ -118,7 +119,9 @@ def bench_single(bm: BenchModel, args: Any) -> dict[str, Any]:
         return {"order": list(order), **runs}
 
     out = _interleave(pair, args, args.rounds, "single")
-    return out | {"summary": summarize(out["rounds"], SINGLE_METRICS)}
+    # The paths mlxd's requests took (a lone stream on the main thread is "driven": drive.py).
+    paths = engine_for(bm.model).stats()["paths"]
+    return out | {"summary": summarize(out["rounds"], SINGLE_METRICS), "engine_paths": paths}
 
 
 def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:

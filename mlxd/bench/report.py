@@ -158,6 +158,9 @@ def render(result: dict[str, Any]) -> str:
         lines += ["", f"single stream (B=1), {len(single['rounds'])} rounds"]
         lines.append(section("metric", single["summary"], SINGLE_METRICS))
         lines.append(_pooled_line(single["rounds"]))
+        if "engine_paths" in single:
+            paths = ", ".join(f"{k} {v}" for k, v in sorted(single["engine_paths"].items()))
+            lines.append(f"mlxd's paths: {paths}")
         lines.append(_identical_line(single))
     if conc := result.get("concurrent"):
         lines += ["", f"concurrent: {conc['streams']} streams admitted together, "]
