@@ -6,11 +6,12 @@ per token; on the H200's VMs that was 3-7% of a host-bound step and one graph bu
 TTFT (docs/performance.md §4 item 8). So when the engine is idle, the Python API's reader becomes
 its driver: it runs the turns itself, under the turn lock, while its serial row is alone.
 
-MLX streams and PRNG keys are per thread, so the row cannot simply be taken from the driver:
-the driver hands it over itself, on its own thread, as soon as it sees other work (before its
-next turn or right after one): it evaluates what the row holds and leaves the row's key with
-the engine's `KeyOwner`, then the engine thread carries on with the same state. Until then the
-engine thread only waits. Only one thread runs turns at a time, and a turn is the same code on
+MLX streams and PRNG keys are per thread, so a row made on one thread must be left ready for
+another. When the driver sees other work, before its next turn or right after one, it hands
+the row over itself (its arrays evaluated, its key read into the engine's `KeyOwner`). And
+after each of its turns it schedules what the row holds and pins the row's key, so the engine
+thread can also take the row between turns when a reader stops asking (a paused generator).
+Only one thread runs turns at a time, and a turn is the same code on
 either thread, so the bits are the same. Only the main thread drives: MLX (0.32, CPU backend)
 can abort at exit after a thread that ran MLX ops has ended, and the main thread ends last.
 """
@@ -18,6 +19,8 @@ can abort at exit after a thread that ran MLX ops has ended, and the main thread
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+
+import mlx.core as mx
 
 from .handle import RequestHandle
 from .materialize import materialize
@@ -89,7 +92,26 @@ class Driving:
             self._turn(only=handle)
             if not self._still_alone(handle):  # others came during the turn: don't keep them
                 self._hand_over(handle)
+            else:
+                self._leave_ready()
             return True
+
+    def _leave_ready(self) -> None:
+        """After a driven turn: schedule what the row holds and pin its key, so the engine
+        thread can take the row between turns even if this reader never comes back."""
+        pending = self._keys.pin()
+        if self._serial is not None:
+            row = self._serial[0]
+            pending += [a for a in (row.prompt, row.emb, row.tokens) if a is not None]
+        mx.async_eval(pending)
+
+    def _take_back(self) -> None:
+        """The engine thread, under the turn lock, with work beside a driver's row: the row is
+        its own from this turn on (the driver notices before its next turn)."""
+        if self._driver is not None:
+            self._keys.take_pinned()
+            self._driver = None
+            self.paths["driven->engine thread"] += 1
 
     def _still_alone(self, handle: RequestHandle) -> bool:
         with self.admission.wake:
@@ -128,13 +150,12 @@ class Driving:
                 self.admission.wake.notify()
 
     def _has_work(self) -> bool:
-        """Work for the engine thread (holding admission.wake). While a caller drives, the
-        engine thread waits for it to hand over (or for the engine to close)."""
+        """Work for the engine thread (holding admission.wake): a driver's own row is not."""
         if self.admission.closed:
             return True
-        if self._driver is not None:
-            return False
-        return bool(self.admission.waiting) or bool(self._active())
+        if self._driver is None:
+            return bool(self.admission.waiting) or bool(self._active())
+        return any(h is not self._driver for _, h in self.admission.waiting)
 
     def _await_turn(self) -> None:
         """The engine thread's wait between turns: none while it has rows of its own."""

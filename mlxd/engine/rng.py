@@ -30,6 +30,7 @@ class KeyOwner:
     def __init__(self) -> None:
         self.owner: object | None = None
         self.keys: dict[int, tuple[int, int]] = {}
+        self.pinned: tuple[object, mx.array] | None = None  # a driver's last key (drive.py)
 
     def enter(self, row: object, initial: tuple[int, int] | None) -> None:
         if initial is None or self.owner is row:
@@ -45,6 +46,20 @@ class KeyOwner:
         if self.owner is not None:
             self.keys[id(self.owner)] = current_key()
             self.owner = None
+
+    def pin(self) -> list[mx.array]:
+        """After a driver's turn: the held row's key as an array (to schedule now), so another
+        thread can take the row without this one."""
+        self.pinned = (self.owner, mx.random.state[0]) if self.owner is not None else None
+        return [self.pinned[1]] if self.pinned is not None else []
+
+    def take_pinned(self) -> None:
+        """The engine thread takes a driver's row: its pinned key becomes the row's key."""
+        if self.pinned is not None and self.pinned[0] is self.owner:
+            hi, lo = self.pinned[1].tolist()
+            self.keys[id(self.owner)] = (int(hi), int(lo))
+            self.owner = None
+        self.pinned = None
 
     def adopt(self, row: object, key: tuple[int, int]) -> None:
         """A row arriving with a key of its own (from the batch) starts from that key."""

@@ -214,3 +214,62 @@ def test_a_sampled_row_handed_over_keeps_its_key_and_its_bits(loaded, decode_thr
         engine.close()
     main = threading.get_ident()
     assert decode_threads[:3] == [main] * 3 and main not in decode_threads[3:]
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_a_paused_driver_does_not_hold_up_others(loaded, decode_threads, batch: int) -> None:
+    """The main thread drives three tokens of a seeded row, then stops asking (as a notebook
+    cell might). A request from another thread still runs to its end: the engine thread takes
+    the paused row between turns (its arrays were scheduled and its key pinned after each
+    driven turn). Resumed later, the row ends with mlx-lm's seeded tokens at batch=1."""
+    from mlx_lm.sample_utils import make_sampler
+
+    from mlxd.engine.sampling import SamplingParams
+
+    model, _ = loaded
+    mx.random.seed(7)
+    ref = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=16,
+                                       sampler=make_sampler(1.0))]  # fmt: skip
+    engine = Engine(model, batch=batch)
+    try:
+        req = GenerationRequest(
+            prompt=mx.array(PROMPT), max_tokens=16, sampling=SamplingParams(temp=1.0), seed=7
+        )
+        first = engine.submit_driven(req)
+        events = engine.drive(first)
+        got = [next(events).token for _ in range(3)]
+        other = GenerationRequest(prompt=mx.array(PROMPT[:4]), max_tokens=5)
+        tokens = _on_worker(lambda: [e.token for e in engine.submit(other)])
+        assert tokens == _reference(model, 5, PROMPT[:4])[0] or batch > 1
+        assert len(tokens) == 5  # finished while the main thread was away
+        got += [e.token for e in events]
+        assert len(got) == 16
+        if batch == 1:
+            assert got == ref
+        assert engine.stats()["paths"]["driven->engine thread"] == 1
+    finally:
+        engine.close()
+    main = threading.get_ident()
+    assert decode_threads[:3] == [main] * 3 and main not in decode_threads[3:]
+
+
+def test_a_row_taken_mid_prefill_continues_on_the_engine_thread(loaded) -> None:
+    """Two driven turns prefill two 4-token chunks of a long prompt, then the reader stops; a
+    request from another thread makes the engine thread take the row mid-prefill. The prompt
+    slices the driver made were scheduled after its turns (MLX streams are per thread), so the
+    row goes on there and ends with generate_step's tokens (batch=1)."""
+    model, _ = loaded
+    prompt = list(range(40, 80))
+    ref = [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=6, prefill_step_size=4)]
+    engine = Engine(model, batch=1)
+    try:
+        req = GenerationRequest(prompt=mx.array(prompt), max_tokens=6, prefill_step_size=4)
+        first = engine.submit_driven(req)
+        assert engine._drive_once(first) and engine._drive_once(first)
+        assert engine._serial is not None and engine._serial[0].processed == 8
+        other = GenerationRequest(prompt=mx.array(PROMPT), max_tokens=3)
+        assert len(_on_worker(lambda: [e.token for e in engine.submit(other)])) == 3
+        assert [e.token for e in engine.drive(first)] == ref
+        assert first.done is not None and first.done.reason == "length"
+    finally:
+        engine.close()
