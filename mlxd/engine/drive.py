@@ -6,11 +6,10 @@ per token; on the H200's VMs that was 3-7% of a host-bound step and one graph bu
 TTFT (docs/performance.md §4 item 8). So when the engine is idle, the Python API's reader becomes
 its driver: it runs the turns itself, under the turn lock, while its serial row is alone.
 
-MLX streams and PRNG keys are per thread, so a row made on one thread must be left ready for
-another. When the driver sees other work, before its next turn or right after one, it hands
-the row over itself (its arrays evaluated, its key read into the engine's `KeyOwner`). And
-after each of its turns it schedules what the row holds and pins the row's key, so the engine
-thread can also take the row between turns when a reader stops asking (a paused generator).
+MLX streams and PRNG keys are per thread, so after each of its turns the driver leaves the row
+ready for another thread: what the row holds is scheduled and its key pinned. The engine thread
+takes the row at its next turn, whether the driver let go (it saw other work, before or right
+after a turn) or just stopped asking (a paused generator).
 Only one thread runs turns at a time, and a turn is the same code on
 either thread, so the bits are the same. Only the main thread drives: MLX (0.32, CPU backend)
 can abort at exit after a thread that ran MLX ops has ended, and the main thread ends last.
@@ -23,7 +22,6 @@ from typing import Any
 import mlx.core as mx
 
 from .handle import RequestHandle
-from .materialize import materialize
 from .request import GenerationRequest, TokenEvent
 
 
@@ -46,6 +44,7 @@ class Driving:
     def _init_driving(self) -> None:
         self._turn_lock = threading.Lock()  # held by whichever thread runs a turn
         self._driver: RequestHandle | None = None
+        self._driven: RequestHandle | None = None  # whose row a driver's turn left ready
 
     def submit_driven(self, req: GenerationRequest) -> RequestHandle:
         """Submit `req`; read it with `drive`. If the engine is idle and this is the main
@@ -76,56 +75,44 @@ class Driving:
                 elif handle.done is None and not self._drive_once(handle):
                     yield from handle
         finally:  # a reader that stops early: the engine thread ends the row
-            if self._driver is handle and threading.current_thread() is threading.main_thread():
-                with self._turn_lock:
-                    self._hand_over(handle)
             self._release(handle)
 
     def _drive_once(self, handle: RequestHandle) -> bool:
-        """One turn here if the row is still alone; else hand it over (False)."""
+        """One turn here if the row is still alone (False: the engine thread has it now)."""
         with self._turn_lock:
-            if self._driver is not handle:
-                return False
-            if not self._still_alone(handle):
-                self._hand_over(handle)
+            if self._driver is not handle or not self._still_alone(handle):
+                self._release(handle)
                 return False
             self._turn(only=handle)
-            if not self._still_alone(handle):  # others came during the turn: don't keep them
-                self._hand_over(handle)
-            else:
-                self._leave_ready()
+            self._leave_ready(handle)
+            if not self._still_alone(handle):  # others came during the turn: let them in
+                self._release(handle)
             return True
 
-    def _leave_ready(self) -> None:
-        """After a driven turn: schedule what the row holds and pin its key, so the engine
-        thread can take the row between turns even if this reader never comes back."""
+    def _leave_ready(self, handle: RequestHandle) -> None:
+        """After each driven turn: schedule what the row holds (streams are per thread) and pin
+        its key (keys are per thread too), so the engine thread can take the row at any turn,
+        whether the driver lets go or just stops asking."""
         pending = self._keys.pin()
         if self._serial is not None:
             row = self._serial[0]
             pending += [a for a in (row.prompt, row.emb, row.tokens) if a is not None]
         mx.async_eval(pending)
+        self._driven = handle
 
     def _take_back(self) -> None:
-        """The engine thread, under the turn lock, with work beside a driver's row: the row is
-        its own from this turn on (the driver notices before its next turn)."""
-        if self._driver is not None:
+        """The engine thread, under the turn lock, before its turn: a driven row is its own
+        from here on (its pinned key installed where the row next runs)."""
+        if self._driven is not None:
             self._keys.take_pinned()
-            self._driver = None
-            self.paths["driven->engine thread"] += 1
+            if any(h is self._driven for h in self._active()):
+                self.paths["driven->engine thread"] += 1
+            self._driven = None
+        self._driver = None
 
     def _still_alone(self, handle: RequestHandle) -> bool:
         with self.admission.wake:
             return self._alone_with(handle) and not self._batches and not self._forks
-
-    def _hand_over(self, handle: RequestHandle) -> None:
-        """On the driver's thread, under the turn lock: nothing lazy left in the row, its key
-        with the KeyOwner, then the engine thread takes the row as it is."""
-        if self._serial is not None:
-            row = self._serial[0]
-            materialize(row.cache, row.prompt, row.emb, row.tokens, row.y, row.logprobs, row.read)
-            self.paths["driven->engine thread"] += 1
-        self._keys.spill()
-        self._release(handle)
 
     def _idle(self) -> bool:
         return (

@@ -231,7 +231,7 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         while True:
             self._await_turn()  # drive.py: idle, or a caller drives its lone row
             with self._turn_lock:
-                self._take_back()  # drive.py: a driver's row, if others are waiting
+                self._take_back()  # drive.py: a row a driver left ready is this thread's now
                 if not self._turn():
                     return
 

@@ -40,13 +40,6 @@ class KeyOwner:
         set_key(self.keys.pop(id(row), initial))
         self.owner = row
 
-    def spill(self) -> None:
-        """This thread stops running turns (a driver hands over, drive.py): keys are per
-        thread, so the held row's key is read here for the next thread to set."""
-        if self.owner is not None:
-            self.keys[id(self.owner)] = current_key()
-            self.owner = None
-
     def pin(self) -> list[mx.array]:
         """After a driver's turn: the held row's key as an array (to schedule now), so another
         thread can take the row without this one."""
@@ -54,7 +47,8 @@ class KeyOwner:
         return [self.pinned[1]] if self.pinned is not None else []
 
     def take_pinned(self) -> None:
-        """The engine thread takes a driver's row: its pinned key becomes the row's key."""
+        """The engine thread takes a driver's row: its pinned key becomes the row's key, for
+        `enter` to install on this thread."""
         if self.pinned is not None and self.pinned[0] is self.owner:
             hi, lo = self.pinned[1].tolist()
             self.keys[id(self.owner)] = (int(hi), int(lo))
