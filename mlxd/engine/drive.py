@@ -19,8 +19,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import mlx.core as mx
-
 from .handle import RequestHandle
 from .request import GenerationRequest, TokenEvent
 
@@ -90,14 +88,10 @@ class Driving:
             return True
 
     def _leave_ready(self, handle: RequestHandle) -> None:
-        """After each driven turn: schedule what the row holds (streams are per thread) and pin
-        its key (keys are per thread too), so the engine thread can take the row at any turn,
-        whether the driver lets go or just stops asking."""
-        pending = self._keys.pin()
-        if self._serial is not None:
-            row = self._serial[0]
-            pending += [a for a in (row.prompt, row.emb, row.tokens) if a is not None]
-        mx.async_eval(pending)
+        """After each driven turn: pin the row's key (keys are per thread), so the engine thread
+        can take the row at any turn, whether the driver lets go or just stops asking. The
+        row's turn left nothing lazy (streams are per thread too: SerialRow._schedule)."""
+        self._keys.pin(self._serial[0].key if self._serial is not None else None)
         self._driven = handle
 
     def _take_back(self) -> None:
@@ -111,6 +105,11 @@ class Driving:
         self._driver = None
 
     def _still_alone(self, handle: RequestHandle) -> bool:
+        if not self.admission.waiting and not self.admission.closed:
+            # The per-token fast path, without the lock: only turns (this thread's, under the
+            # turn lock) change the rows; a request arriving just after this waits one turn.
+            if not self._batches and not self._forks:
+                return self._serial is None or self._serial[1] is handle
         with self.admission.wake:
             return self._alone_with(handle) and not self._batches and not self._forks
 

@@ -43,7 +43,8 @@ class RequestHandle:
     # engine side
     def put(self, event: Event) -> None:
         self._events.put(event)
-        wake(self._watching())
+        if watchers := self._watching():
+            wake(watchers)
 
     def put_quiet(self, event: Event) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]:
         """Queue `event` without waking anyone; the caller passes the result to `wake` (one
@@ -52,6 +53,8 @@ class RequestHandle:
         return self._watching()
 
     def _watching(self) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]:
+        if not self._watchers:  # a thread reader: no lock (an async reader re-checks the queue
+            return []  # after registering, so one added just now sees this event anyway)
         with self._lock:
             return list(self._watchers)
 
@@ -83,10 +86,9 @@ class RequestHandle:
     def poll(self) -> TokenEvent | None:
         """The next token event if one is queued (a DoneEvent ends the row: None, `done` set)."""
         while self.done is None:
-            try:
-                event = self._events.get_nowait()
-            except queue.Empty:
+            if self._events.empty():  # the driver's usual case: cheaper than raising Empty
                 return None
+            event = self._events.get_nowait()  # only this reader takes: it is still there
             if isinstance(event, DoneEvent):
                 self._finish(event)
             else:

@@ -30,28 +30,35 @@ class KeyOwner:
     def __init__(self) -> None:
         self.owner: object | None = None
         self.keys: dict[int, tuple[int, int]] = {}
-        self.pinned: tuple[object, mx.array] | None = None  # a driver's last key (drive.py)
+        self.installed: tuple[int, int] | None = None  # the key `enter` gave the owner
+        self.pinned: tuple[object, mx.array | None] | None = None  # a driver's (drive.py)
 
     def enter(self, row: object, initial: tuple[int, int] | None) -> None:
         if initial is None or self.owner is row:
             return
         if self.owner is not None:
             self.keys[id(self.owner)] = current_key()
-        set_key(self.keys.pop(id(row), initial))
-        self.owner = row
+        key = self.keys.pop(id(row), initial)
+        set_key(key)
+        self.owner, self.installed = row, key
 
-    def pin(self) -> list[mx.array]:
-        """After a driver's turn: the held row's key as an array (to schedule now), so another
-        thread can take the row without this one."""
-        self.pinned = (self.owner, mx.random.state[0]) if self.owner is not None else None
-        return [self.pinned[1]] if self.pinned is not None else []
+    def pin(self, drawn: mx.array | None) -> None:
+        """After a driver's turn: the held row's key, so another thread can take the row
+        without this one. `drawn`: the key its last draw left (that step scheduled it); None
+        if it has not drawn since `enter` installed its key (then that key is still its own)."""
+        self.pinned = (self.owner, drawn) if self.owner is not None else None
 
     def take_pinned(self) -> None:
         """The engine thread takes a driver's row: its pinned key becomes the row's key, for
         `enter` to install on this thread."""
         if self.pinned is not None and self.pinned[0] is self.owner:
-            hi, lo = self.pinned[1].tolist()
-            self.keys[id(self.owner)] = (int(hi), int(lo))
+            drawn = self.pinned[1]
+            if drawn is None:
+                assert self.installed is not None  # set with the owner
+                self.keys[id(self.owner)] = self.installed
+            else:
+                hi, lo = drawn.tolist()
+                self.keys[id(self.owner)] = (int(hi), int(lo))
             self.owner = None
         self.pinned = None
 

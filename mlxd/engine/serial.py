@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import greedy_sampler
 from mlx_lm.utils import does_model_support_input_embeddings
@@ -72,6 +73,8 @@ class SerialRow:
         self.sampler = req.sampler or greedy_sampler
         self.processors = req.logits_processors
         self.progress = req.prompt_progress_callback or (lambda *_: None)
+        self.loose: list[mx.array] = []  # built in a turn, in no scheduled graph (_schedule)
+        self._track_key()
         start = plan.start if plan is not None else 0
         self.cuts = [c for c, _ in plan.cuts] if plan is not None else []
         self.prompt, self.emb = req.prompt[start:], req.input_embeddings
@@ -108,8 +111,10 @@ class SerialRow:
         row.plan, row.snapshot, row.cuts = None, None, []
         row.fed = len(history)
         row.quantize = converter(req)  # a row that has not converted yet converts here
+        row.loose = []
         row.sampler = req.sampler or greedy_sampler
         row.processors = processors if processors is not None else req.logits_processors
+        row._track_key()
         row.progress = lambda *_: None
         row.prompt, row.emb = mx.array([], dtype=mx.int32), None
         row.total = row.processed = len(req.prompt)
@@ -134,9 +139,37 @@ class SerialRow:
                 self.tokens = tokens if self.tokens is None else mx.concat([self.tokens, tokens])
                 for processor in procs:
                     logits = processor(self.tokens, logits)
-            self.quantize(self.cache)
+            self._convert()
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
             return self.sampler(logprobs), logprobs.squeeze(0)
+
+    def _convert(self) -> None:
+        """mlx-lm's KV conversion; layers it converts are loose until the next step uses them."""
+        if self.req.kv_bits is None and self.req.kv_config is None:
+            return  # nothing to convert: no per-step cost
+        before = list(self.cache)
+        self.quantize(self.cache)
+        self.loose += [a for c, b in zip(self.cache, before, strict=True) if c is not b
+                       for a in tree_flatten(c.state)]  # fmt: skip
+
+    def _track_key(self) -> None:
+        """A row with a key of its own (rng.KeyOwner) whose step may draw keeps, in `key`, the
+        key its last draw left. Greedy without processors never draws: no read of MLX's
+        random state per step (which waits on a busy stream)."""
+        self.draws = self.req.random_key is not None and (
+            self.sampler is not greedy_sampler or bool(self.processors)
+        )
+        self.key: mx.array | None = None
+
+    def _schedule(self, *arrays: mx.array) -> None:
+        """mx.async_eval of the step's arrays and, in the same call, what else the turn built
+        lazily (the PRNG key a draw split, converted KV): MLX streams are per thread, so
+        another thread can take the row after any turn (engine/drive.py)."""
+        if self.draws:
+            self.key = mx.random.state[0]
+            self.loose.append(self.key)
+        mx.async_eval(*arrays, *self.loose)
+        self.loose = []
 
     @property
     def prefilling(self) -> bool:
@@ -152,13 +185,15 @@ class SerialRow:
                 chunk = self.prompt[:n]
                 self._call(chunk[None], self.emb[:n][None] if self.emb is not None else None)
                 self.quantize(self.cache)
-                mx.eval([c.state for c in self.cache])
                 if self.processors and len(chunk) > 0:
                     self.tokens = chunk if self.tokens is None else mx.concat([self.tokens, chunk])
-                self.processed += n
-                self.progress(self.processed, self.total)
                 self.prompt = self.prompt[n:]
                 self.emb = self.emb[n:] if self.emb is not None else None
+                # The rest of the prompt with the cache: nothing of this turn is left lazy.
+                rest = [a for a in (self.prompt, self.emb, self.tokens) if a is not None]
+                mx.eval([c.state for c in self.cache], rest)
+                self.processed += n
+                self.progress(self.processed, self.total)
                 if self.cuts and self.processed == self.cuts[0]:
                     self.cuts.pop(0)
                     if self.snapshot is not None:
@@ -168,7 +203,7 @@ class SerialRow:
                 return
             self.y, self.logprobs = self._step(self.prompt, self.emb)
             self.read = Readout.build(self.req, self.y, self.logprobs)
-            mx.async_eval(self.y, self.logprobs, *(self.read.arrays() if self.read else ()))
+            self._schedule(self.y, self.logprobs, *(self.read.arrays() if self.read else ()))
 
     def decode(self) -> Step | None:
         """Dispatch the next step, then read back the current token (None when max reached)."""
@@ -179,7 +214,7 @@ class SerialRow:
         if self.n != req.max_tokens:
             next_y, next_lp = self._step(self.y)
             next_read = Readout.build(req, next_y, next_lp)
-            mx.async_eval(next_y, next_lp, *(next_read.arrays() if next_read else ()))
+            self._schedule(next_y, next_lp, *(next_read.arrays() if next_read else ()))
         if self.n == 0:
             mx.eval(self.y)
             self.progress(self.total, self.total)

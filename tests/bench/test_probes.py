@@ -13,6 +13,7 @@ from mlxd.bench import (
     probe_handoff,
     probe_join,
     probe_matmul,
+    probe_overhead,
     probe_sampling,
 )
 
@@ -101,6 +102,21 @@ def test_probe_fresh_compares_the_sides_with_and_without_the_clear(capsys) -> No
     for bad in (["--sides", "mlx-lm,nonsense"], ["--fresh", "tepid"]):
         with pytest.raises(SystemExit):
             probe_fresh.main(bad)
+
+
+def test_probe_overhead_splits_mlxds_per_token_time(capsys) -> None:
+    from mlxd.engine.serial import SerialRow
+
+    decode = SerialRow.decode
+    probe_overhead.main(["--layers", "1", "--rounds", "2", "--prompt-tokens", "8",
+                         "--gen-tokens", "10"])  # fmt: skip
+    assert SerialRow.decode is decode  # the timer is gone again
+    lines = capsys.readouterr().out.splitlines()
+    per = [float(re.match(rf"{side}: ([\d.]+) us per token \[", line)[1])
+           for side, line in zip(["mlx-lm", "mlxd"], lines, strict=False)]  # fmt: skip
+    assert re.fullmatch(r"per-round speed ratio mlx-lm/mlxd [\d.]+", lines[2])
+    outside = re.fullmatch(r"mlxd outside SerialRow.decode: ([\d.]+) us per token", lines[3])
+    assert 0 < float(outside[1]) < per[1]
 
 
 def test_probe_compile_times_each_variant_and_compares_the_compiled_tokens(capsys) -> None:

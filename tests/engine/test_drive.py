@@ -300,3 +300,53 @@ def test_a_failing_driven_turn_ends_its_row_and_the_engine_serves_on(loaded, mon
     assert [r.token for r in stream_generate(model, tokenizer, PROMPT, max_tokens=6)] == (
         _reference(model, 6)[0]
     )
+
+
+def test_a_row_handed_over_right_after_its_kv_was_quantized_keeps_its_bits(loaded) -> None:
+    """The driven turn that converts the KV cache (mlx-lm's kv_bits) leaves the converted
+    layers lazy on the driver's stream; they are scheduled with that step (serial.py
+    `_schedule`), so the engine thread taking the row at once goes on with generate_step's
+    tokens and logprobs."""
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    model, _ = loaded
+    kv = dict(kv_bits=8, kv_group_size=32, quantized_kv_start=len(PROMPT) + 2)
+    ref = list(generate_step(mx.array(PROMPT), model, max_tokens=8, **kv))
+    engine = Engine(model, batch=1)
+    try:
+        first = engine.submit_driven(GenerationRequest(prompt=mx.array(PROMPT), max_tokens=8, **kv))
+        turns = 0
+        while engine._serial is None or not isinstance(
+            engine._serial[0].cache[0], QuantizedKVCache
+        ):
+            assert engine._drive_once(first)
+            turns += 1
+        assert 1 < turns < 8  # converted mid-stream, by a driven turn
+        other = GenerationRequest(prompt=mx.array(PROMPT[:3]), max_tokens=2)
+        assert len(_on_worker(lambda: [e.token for e in engine.submit(other)])) == 2
+        got = list(engine.drive(first))
+        assert [e.token for e in got] == [t for t, _ in ref]
+        assert _same([e.logprobs for e in got], [lp for _, lp in ref])
+        assert engine.stats()["paths"]["driven->engine thread"] == 1
+    finally:
+        engine.close()
+
+
+def test_a_greedy_row_handed_over_ends_with_the_key_it_came_with(loaded) -> None:
+    """Greedy decoding never draws, so under mlx-lm the caller's PRNG key is unchanged after
+    it; a greedy row carrying the caller's key and taken by the engine thread mid-stream ends
+    with that same key (not the engine thread's), which stream_generate gives back."""
+    model, _ = loaded
+    key = (0, 123457)
+    engine = Engine(model, batch=1)
+    try:
+        req = GenerationRequest(prompt=mx.array(PROMPT), max_tokens=6, random_key=key)
+        first = engine.submit_driven(req)
+        assert engine._drive_once(first) and engine._drive_once(first)
+        other = GenerationRequest(prompt=mx.array(PROMPT[:3]), max_tokens=2)
+        assert len(_on_worker(lambda: [e.token for e in engine.submit(other)])) == 2
+        assert [e.token for e in engine.drive(first)] == _reference(model, 6)[0]
+        assert first.done is not None and first.done.random_key == key
+        assert engine.stats()["paths"]["driven->engine thread"] == 1
+    finally:
+        engine.close()
