@@ -7,7 +7,7 @@ TTFT (docs/performance.md §4 item 8). So when the engine is idle, the Python AP
 its driver: it runs the turns itself, under the turn lock, while its serial row is alone.
 
 MLX streams and PRNG keys are per thread, so after each of its turns the driver leaves the row
-ready for another thread: what the row holds is scheduled and its key pinned. The engine thread
+ready for another thread: nothing lazy (SerialRow._schedule) and its key pinned. The engine thread
 takes the row at its next turn, whether the driver let go (it saw other work, before or right
 after a turn) or just stopped asking (a paused generator).
 Only one thread runs turns at a time, and a turn is the same code on

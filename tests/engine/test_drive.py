@@ -186,7 +186,7 @@ def test_closing_the_engine_under_a_driver_ends_its_row(loaded) -> None:
 def test_a_sampled_row_handed_over_keeps_its_key_and_its_bits(loaded, decode_threads) -> None:
     """`batch=1`: a seeded row driven for three tokens, then handed over when a second request
     arrives, ends with exactly mlx-lm's seeded tokens and logprobs: its PRNG key (per thread in
-    MLX) and its lazy arrays moved with it (drive.py `_leave_ready`, `_take_back`)."""
+    MLX) and its lazy arrays moved with it (serial.py `_schedule`, drive.py `_take_back`)."""
     from mlx_lm.sample_utils import make_sampler
 
     from mlxd.engine.sampling import SamplingParams
@@ -220,8 +220,7 @@ def test_a_sampled_row_handed_over_keeps_its_key_and_its_bits(loaded, decode_thr
 def test_a_paused_driver_does_not_hold_up_others(loaded, decode_threads, batch: int) -> None:
     """The main thread drives three tokens of a seeded row, then stops asking (as a notebook
     cell might). A request from another thread still runs to its end: the engine thread takes
-    the paused row between turns (its arrays were scheduled and its key pinned after each
-    driven turn). Resumed later, the row ends with mlx-lm's seeded tokens at batch=1."""
+    the paused row between turns (each driven turn left nothing lazy and pinned its key). Resumed later, the row ends with mlx-lm's seeded tokens at batch=1."""
     from mlx_lm.sample_utils import make_sampler
 
     from mlxd.engine.sampling import SamplingParams
