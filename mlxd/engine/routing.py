@@ -24,6 +24,7 @@ class Routing:
     _batches: dict[Any, BatchedRows]
     _forks: list[ForkJob]
     _groups: dict[int, list[Any]]
+    _driver: Any
 
     def _start(self, joiners: list) -> None:
         """Turn this round's joiners into rows: forks, a serial row, or batch joiners."""
@@ -49,6 +50,7 @@ class Routing:
             try:
                 row = SerialRow(self.model, req, generation_stream, plan, self._snapshot(req, plan))
                 row.clears = self.config.clear_cache
+                row.keeps_key = handle is self._driver  # its drawn key, at hand for a hand-over
                 self._serial = (row, handle, out)
             except Exception as e:  # noqa: BLE001 - the caller re-raises it
                 self._alone = False

@@ -54,6 +54,8 @@ class SerialRow:
     # mlx-lm's mx.clear_cache() after each prefill chunk and every 256 tokens; the engine turns
     # it off where a clear is slow (CUDA: BatchConfig.clear_cache). Buffers only, same bits.
     clears: bool = True
+    # A driver's row (engine/drive.py) keeps the key its last draw left, for a hand-over.
+    keeps_key: bool = False
 
     def __init__(
         self,
@@ -153,9 +155,9 @@ class SerialRow:
                        for a in tree_flatten(c.state)]  # fmt: skip
 
     def _track_key(self) -> None:
-        """A row with a key of its own (rng.KeyOwner) whose step may draw keeps, in `key`, the
-        key its last draw left. Greedy without processors never draws: no read of MLX's
-        random state per step (which waits on a busy stream)."""
+        """A driver's row with a key of its own (rng.KeyOwner) whose step may draw keeps, in
+        `key`, the key its last draw left. Greedy without processors never draws: no read of
+        MLX's random state per step (which waits on a busy stream)."""
         self.draws = self.req.random_key is not None and (
             self.sampler is not greedy_sampler or bool(self.processors)
         )
@@ -165,7 +167,7 @@ class SerialRow:
         """mx.async_eval of the step's arrays and, in the same call, what else the turn built
         lazily (the PRNG key a draw split, converted KV): MLX streams are per thread, so
         another thread can take the row after any turn (engine/drive.py)."""
-        if self.draws:
+        if self.draws and self.keeps_key:
             self.key = mx.random.state[0]
             self.loose.append(self.key)
         mx.async_eval(*arrays, *self.loose)
