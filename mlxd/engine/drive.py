@@ -7,12 +7,12 @@ TTFT (docs/performance.md §4 item 8). So when the engine is idle, the Python AP
 its driver: it runs the turns itself, under the turn lock, while its serial row is alone.
 
 MLX streams and PRNG keys are per thread, so after each of its turns the driver leaves the row
-ready for another thread: nothing lazy (SerialRow._schedule) and its key pinned. The engine thread
-takes the row at its next turn, whether the driver let go (it saw other work, before or right
-after a turn) or just stopped asking (a paused generator).
-Only one thread runs turns at a time, and a turn is the same code on
-either thread, so the bits are the same. Only the main thread drives: MLX (0.32, CPU backend)
-can abort at exit after a thread that ran MLX ops has ended, and the main thread ends last.
+ready for another thread: nothing lazy and its last drawn key at hand (SerialRow._schedule).
+The engine thread takes the row at its next turn, whether the driver let go (it saw other work,
+before or right after a turn) or just stopped asking (a paused generator). Only one thread runs
+turns at a time, and a turn is the same code on either thread, so the bits are the same.
+Only the main thread drives: MLX (0.32, CPU backend) can abort at exit after a thread that ran
+MLX ops has ended, and the main thread ends last.
 """
 
 import threading
@@ -82,24 +82,18 @@ class Driving:
                 self._release(handle)
                 return False
             self._turn(only=handle)
-            self._leave_ready(handle)
+            self._driven = handle  # its turn left nothing lazy (SerialRow._schedule)
             if not self._still_alone(handle):  # others came during the turn: let them in
                 self._release(handle)
             return True
 
-    def _leave_ready(self, handle: RequestHandle) -> None:
-        """After each driven turn: pin the row's key (keys are per thread), so the engine thread
-        can take the row at any turn, whether the driver lets go or just stops asking. The
-        row's turn left nothing lazy (streams are per thread too: SerialRow._schedule)."""
-        self._keys.pin(self._serial[0].key if self._serial is not None else None)
-        self._driven = handle
-
     def _take_back(self) -> None:
         """The engine thread, under the turn lock, before its turn: a driven row is its own
-        from here on (its pinned key installed where the row next runs)."""
+        from here on, with the key the driver's thread last gave it (keys are per thread)."""
         if self._driven is not None:
-            self._keys.take_pinned()
-            if any(h is self._driven for h in self._active()):
+            if self._serial is not None and self._serial[1] is self._driven:
+                row = self._serial[0]
+                self._keys.take_over(row, row.key)
                 self.paths["driven->engine thread"] += 1
             self._driven = None
         self._driver = None

@@ -31,7 +31,6 @@ class KeyOwner:
         self.owner: object | None = None
         self.keys: dict[int, tuple[int, int]] = {}
         self.installed: tuple[int, int] | None = None  # the key `enter` gave the owner
-        self.pinned: tuple[object, mx.array | None] | None = None  # a driver's (drive.py)
 
     def enter(self, row: object, initial: tuple[int, int] | None) -> None:
         if initial is None or self.owner is row:
@@ -42,25 +41,19 @@ class KeyOwner:
         set_key(key)
         self.owner, self.installed = row, key
 
-    def pin(self, drawn: mx.array | None) -> None:
-        """After a driver's turn: the held row's key, so another thread can take the row
-        without this one. `drawn`: the key its last draw left (that step scheduled it); None
-        if it has not drawn since `enter` installed its key (then that key is still its own)."""
-        self.pinned = (self.owner, drawn) if self.owner is not None else None
-
-    def take_pinned(self) -> None:
-        """The engine thread takes a driver's row: its pinned key becomes the row's key, for
-        `enter` to install on this thread."""
-        if self.pinned is not None and self.pinned[0] is self.owner:
-            drawn = self.pinned[1]
-            if drawn is None:
-                assert self.installed is not None  # set with the owner
-                self.keys[id(self.owner)] = self.installed
-            else:
-                hi, lo = drawn.tolist()
-                self.keys[id(self.owner)] = (int(hi), int(lo))
-            self.owner = None
-        self.pinned = None
+    def take_over(self, row: object, drawn: mx.array | None) -> None:
+        """This thread takes `row` from a driver's thread (drive.py): the row's key becomes
+        the one its last draw left (`drawn`, already scheduled), or, if it has not drawn since
+        `enter`, the key `enter` gave it; `enter` installs it here."""
+        if self.owner is not row:
+            return  # the row has no key of its own
+        if drawn is None:
+            assert self.installed is not None  # set with the owner
+            self.keys[id(row)] = self.installed
+        else:
+            hi, lo = drawn.tolist()
+            self.keys[id(row)] = (int(hi), int(lo))
+        self.owner = None
 
     def adopt(self, row: object, key: tuple[int, int]) -> None:
         """A row arriving with a key of its own (from the batch) starts from that key."""

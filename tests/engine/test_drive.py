@@ -220,7 +220,7 @@ def test_a_sampled_row_handed_over_keeps_its_key_and_its_bits(loaded, decode_thr
 def test_a_paused_driver_does_not_hold_up_others(loaded, decode_threads, batch: int) -> None:
     """The main thread drives three tokens of a seeded row, then stops asking (as a notebook
     cell might). A request from another thread still runs to its end: the engine thread takes
-    the paused row between turns (each driven turn left nothing lazy and pinned its key).
+    the paused row between turns (each driven turn left nothing lazy and its drawn key at hand).
     Resumed later, the row ends with mlx-lm's seeded tokens at batch=1."""
     from mlx_lm.sample_utils import make_sampler
 
