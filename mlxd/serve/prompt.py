@@ -10,6 +10,7 @@ from typing import Any
 from mlx_lm.server import convert_chat
 
 from .errors import bad_request
+from .system_tokens import SYSTEM_TOKENS
 
 
 @dataclass
@@ -110,13 +111,9 @@ def segment_cuts(
     if num_system > 0:
         alone = [*messages[:num_system], {"role": "user", "content": ""}]
         try:
-            sys_tokens = tokenizer.apply_chat_template(
-                alone, tools=tools, tokenize=True, add_generation_prompt=False, **template_args
-            )
+            sys_tokens = SYSTEM_TOKENS.get(tokenizer, alone, tools, template_args)
         except Exception:  # noqa: BLE001 - no cut is only a missed snapshot
             sys_tokens = []
-        if isinstance(sys_tokens, dict):
-            sys_tokens = sys_tokens["input_ids"]
         pairs = enumerate(zip(sys_tokens, prompt, strict=False))
         sys_end = next((i for i, (a, b) in pairs if a != b), 0)
         if 0 < sys_end < len(prompt):
