@@ -25,6 +25,8 @@ class SystemTokens:
         self, tokenizer: Any, alone: list[dict], tools: Any, template_args: dict[str, Any]
     ) -> list[int]:
         args = {"tools": tools, "add_generation_prompt": False, **template_args}
+        if self.size <= 0:  # off
+            return _tokens(tokenizer.apply_chat_template(alone, tokenize=True, **args))
         text = tokenizer.apply_chat_template(alone, tokenize=False, **args)
         key = (json.dumps([alone, tools, template_args], sort_keys=True, default=repr), text)
         with self._lock:
@@ -34,16 +36,17 @@ class SystemTokens:
                 lru.move_to_end(key)
                 self.hits += 1
                 return tokens
-        tokens = tokenizer.apply_chat_template(alone, tokenize=True, **args)
-        if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
-            tokens = tokens["input_ids"]
-        tokens = list(tokens)
+        tokens = _tokens(tokenizer.apply_chat_template(alone, tokenize=True, **args))
         with self._lock:
             self.misses += 1
             lru[key] = tokens
             while len(lru) > self.size:
                 lru.popitem(last=False)
         return tokens
+
+
+def _tokens(out: Any) -> list[int]:
+    return list(out["input_ids"] if isinstance(out, dict) else out)  # BatchEncoding or ids
 
 
 SYSTEM_TOKENS = SystemTokens()

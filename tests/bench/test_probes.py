@@ -145,3 +145,19 @@ def test_probe_sampling_times_greedy_shared_and_per_row_samplers(capsys) -> None
     argv = ["--shape", "qwen3-host", "--rows", "2", "--context", "8", "--steps", "4"]
     probe_sampling.main([*argv, "--repetition-penalty", "1.2"])  # every row penalised
     assert re.search(rf"batched{cell} ms/step", capsys.readouterr().out)
+
+
+def test_probe_prompt_times_the_fleets_prompts_with_the_cache_on_and_off(
+    capsys, qwen3_tokenizer_dir
+) -> None:
+    from mlxd.bench import probe_prompt
+    from mlxd.serve.system_tokens import SYSTEM_TOKENS
+
+    size = SYSTEM_TOKENS.size
+    probe_prompt.main(["--tokenizer", str(qwen3_tokenizer_dir), "--agents", "3",
+                       "--system-tokens", "300", "--rounds", "2"])  # fmt: skip
+    assert SYSTEM_TOKENS.size == size  # the probe gave the cache back as it found it
+    lines = capsys.readouterr().out.splitlines()
+    assert re.match(r"3 agents, \d+-token prompts, 2 rounds", lines[0])
+    for side, line in zip(["cache on", "cache off"], lines[1:], strict=True):
+        assert re.match(side + r": one request [\d.]+ ms, all 3 together [\d.]+ ms", line)

@@ -88,3 +88,10 @@ def test_bounded_and_dropped_with_the_tokenizer() -> None:
     del tok
     gc.collect()
     assert len(cache._per_tokenizer) == 0
+
+
+def test_size_zero_turns_it_off() -> None:
+    cache, tok = SystemTokens(size=0), Rendering()
+    alone = [{"role": "system", "content": "sys"}]
+    assert cache.get(tok, alone, None, {}) == cache.get(tok, alone, None, {})
+    assert tok.encodes == 2 and (cache.hits, cache.misses) == (0, 0)
