@@ -161,3 +161,15 @@ def test_probe_prompt_times_the_fleets_prompts_with_the_cache_on_and_off(
     assert re.match(r"3 agents, \d+-token prompts, 2 rounds", lines[0])
     for side, line in zip(["cache on", "cache off"], lines[1:], strict=True):
         assert re.match(side + r": one request [\d.]+ ms, all 3 together [\d.]+ ms", line)
+
+
+def test_probe_shared_prefix_times_both_and_computes_folded_attentions_formula(capsys) -> None:
+    from mlxd.bench import probe_shared_prefix
+
+    probe_shared_prefix.main(["--shape", "qwen3-host", "--rows", "3", "--prefix", "40",
+                              "--own", "16"])  # fmt: skip
+    line = capsys.readouterr().out.strip()
+    m = re.match(r"B= 3 prefix 40 own 16 \d+ layers: folded +[\d.]+ ms \| shared prefix +[\d.]+ "
+                 r"ms \([\d.]+x\) \| max \|diff\| (\S+)$", line)  # fmt: skip
+    assert m, line
+    assert float(m.group(1)) < 0.02  # bf16 rounding of a split sum, not another formula
