@@ -161,6 +161,24 @@ def stream_parser(doc: str, rounds: int, prompt_tokens: int, gen_tokens: int) ->
     return p
 
 
+def rows_parser(doc: str, shape: str, rows: list[int]) -> Any:
+    """The batched-step probes' command line: --shape and --rows (row counts to time)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default=shape)
+    p.add_argument("--rows", type=int, nargs="+", default=rows)
+    return p
+
+
+def attention_dims(shape: str) -> tuple[int, int, int, int]:
+    """(query heads, KV heads, head dim, layers) of a shape."""
+    c = SHAPES[shape]
+    heads = c["num_attention_heads"]
+    D = c.get("head_dim") or c["hidden_size"] // heads
+    return heads, c["num_key_value_heads"], D, c["num_hidden_layers"]
+
+
 def build_random(shape: str, dtype: str, seed: int = 0) -> BenchModel:
     config = dict(SHAPES[shape])
     model_cls, args_cls = _get_classes(config)

@@ -5,7 +5,6 @@ a random model with BatchKVCache filled to a context (docs/performance.md, §1).
     python -m mlxd.bench.probe_attention --shape qwen3-8b --rows 1 8 32 --contexts 512 4096
 """
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -14,7 +13,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from ..model.folded_attention import attention as folded_attention
-from .models import SHAPES, build_random
+from .models import attention_dims, build_random, rows_parser
 
 
 def timed(fn: Callable[[], object], n: int = 6) -> float:
@@ -72,15 +71,11 @@ def step_row(model, B: int, L: int, kv: int, D: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
+    p = rows_parser(__doc__, "qwen3-8b", [1, 8, 32])
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
     p.add_argument("--no-steps", action="store_true", help="attention only, no model")
     args = p.parse_args(argv)
-    cfg = SHAPES[args.shape]
-    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    D, layers = cfg.get("head_dim") or cfg["hidden_size"] // heads, cfg["num_hidden_layers"]
+    heads, kv, D, layers = attention_dims(args.shape)
     for B in args.rows:
         for L in args.contexts:
             print(attention_row(B, L, heads, kv, D, layers), flush=True)

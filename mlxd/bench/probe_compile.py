@@ -16,7 +16,6 @@ is read, as BatchGenerator does), the figure the median of 4 blocks after one of
 `equal` says whether the compiled static step made the same tokens as the uncompiled one.
 """
 
-import argparse
 import statistics
 import time
 from typing import Any
@@ -26,7 +25,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..model.folded_attention import attention, folded
-from .models import SHAPES, build_random
+from .models import SHAPES, build_random, rows_parser
 
 
 class StaticCache:
@@ -172,9 +171,7 @@ def run_static(model, B: int, L: int, kv: int, D: int, steps: int, compiled: boo
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
+    p = rows_parser(__doc__, "qwen3-0.6b", [1, 8, 32])
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--growing-only", action="store_true", help="mlx-lm's step and folded only")

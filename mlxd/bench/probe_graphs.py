@@ -11,7 +11,6 @@ read (BatchGenerator's pipelining); the figure is the median of 4 blocks of step
 vocabulary, both arrays queued, and the previous tokens read back to the host every step.
 """
 
-import argparse
 import os
 import statistics
 import time
@@ -20,7 +19,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from ..model.folded_attention import folded
-from .models import SHAPES, build_random
+from .models import SHAPES, build_random, rows_parser
 
 
 def _caches(model, B: int, L: int, kv: int, D: int, room: int) -> list[BatchKVCache]:
@@ -68,9 +67,7 @@ def run(model, B: int, L: int, kv: int, D: int, steps: int, engine: bool = False
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
-    p.add_argument("--rows", type=int, nargs="+", default=[8, 32])
+    p = rows_parser(__doc__, "qwen3-8b", [8, 32])
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--step", choices=("argmax", "engine"), default="argmax")

@@ -8,12 +8,10 @@ projections), so no weight stays in L2; GB/s is the weights read per second. A t
 for 2-32 rows was tried against these numbers and not kept (commit 3d3e677, performance.md).
 """
 
-import argparse
-
 import mlx.core as mx
 
 from ..model.folded_attention import folded
-from .models import SHAPES, build_random
+from .models import SHAPES, build_random, rows_parser
 from .probe_attention import step_row, timed
 
 
@@ -48,9 +46,7 @@ def per_row(x: mx.array, w: mx.array) -> mx.array:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 8, 32])
+    p = rows_parser(__doc__, "qwen3-8b", [1, 2, 8, 32])
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
     p.add_argument("--no-steps", action="store_true", help="matmuls only, no model")
     p.add_argument("--no-matmuls", action="store_true", help="whole steps only")

@@ -11,7 +11,6 @@ On the CPU (qwen3-host, 32 rows, temperature 0.7, top_p 0.95) per-row samplers a
 to a step and the shared one 1% (docs/performance.md, §4).
 """
 
-import argparse
 import statistics
 import time
 
@@ -20,7 +19,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from ..engine.batch_logits import BiasedGenerationBatch
 from ..engine.sampling import SamplingParams
-from .models import SHAPES, build_random, random_prompts
+from .models import build_random, random_prompts, rows_parser
 
 KINDS = ("greedy", "shared", "per-row", "batched")
 
@@ -65,9 +64,7 @@ def _mlx_lm_penalty(penalty: float) -> list:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
-    p.add_argument("--rows", type=int, nargs="+", default=[8, 32])
+    p = rows_parser(__doc__, "qwen3-0.6b", [8, 32])
     p.add_argument("--context", type=int, default=512, help="prompt tokens per row")
     p.add_argument("--steps", type=int, default=64, help="decode steps timed per run")
     p.add_argument("--temp", type=float, default=0.7)

@@ -10,12 +10,10 @@ rounds otherwise than folded attention: it would be opt-in). docs/performance.md
 Prints ms per step (all layers, median) for both and their largest difference in the output.
 """
 
-import argparse
-
 import mlx.core as mx
 
 from ..model.folded_attention import attention as folded_attention
-from .models import SHAPES
+from .models import attention_dims, rows_parser
 from .probe_attention import timed
 
 
@@ -66,15 +64,11 @@ def row(B: int, P: int, S: int, heads: int, kv: int, D: int, layers: int) -> str
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-host")
-    p.add_argument("--rows", type=int, nargs="+", default=[8, 32])
+    p = rows_parser(__doc__, "qwen3-host", [8, 32])
     p.add_argument("--prefix", type=int, default=3600)
     p.add_argument("--own", type=int, default=512)
     a = p.parse_args(argv)
-    c = SHAPES[a.shape]
-    heads, kv, layers = c["num_attention_heads"], c["num_key_value_heads"], c["num_hidden_layers"]
-    D = c.get("head_dim") or c["hidden_size"] // heads
+    heads, kv, D, layers = attention_dims(a.shape)
     for B in a.rows:
         print(row(B, a.prefix, a.own, heads, kv, D, layers), flush=True)
 
