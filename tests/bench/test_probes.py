@@ -173,3 +173,31 @@ def test_probe_shared_prefix_times_both_and_computes_folded_attentions_formula(c
                  r"ms \([\d.]+x\) \| max \|diff\| (\S+)$", line)  # fmt: skip
     assert m, line
     assert float(m.group(1)) < 0.02  # bf16 rounding of a split sum, not another formula
+
+
+def test_probe_ops_counts_a_steps_primitives_for_each_mode(capsys) -> None:
+    from mlxd.bench import probe_ops
+
+    probe_ops.main(["--shape", "qwen3-host", "--rows", "2", "--context", "24", "--steps", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("qwen3-host, 2 rows x 24 keys")
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert list(rows) == ["mlx", "folded", "folded+fused"]
+    matmuls = {}
+    for mode, line in rows.items():
+        m = re.search(r"ops +(\d+) views +(\d+) \| build +([\d.]+) ms, build\+eval +([\d.]+)", line)
+        assert m and int(m[1]) > 0 and float(m[4]) >= float(m[3]) > 0
+        matmuls[mode] = int(re.search(r"Matmul (\d+)", line)[1])
+    # 28 layers: 7 projections + 2 attention matmuls each, and the LM head; fusing q/k/v and
+    # gate/up leaves 4 projections a layer.
+    assert matmuls == {"mlx": 28 * 9 + 1, "folded": 28 * 9 + 1, "folded+fused": 28 * 6 + 1}
+
+
+def test_primitives_counts_each_op_once() -> None:
+    import mlx.core as mx
+
+    from mlxd.bench.probe_ops import primitives
+
+    a = mx.ones((2, 3))
+    counts = primitives(((a * 2) + (a * 3)).sum())
+    assert counts["Multiply"] == 2 and counts["Add"] == 1 and counts["Sum"] == 1

@@ -2,6 +2,7 @@
 one wake-up per event loop per batched step, and uvicorn's loop / HTTP parser flags."""
 
 import asyncio
+import json
 import threading
 from typing import Any
 
@@ -120,3 +121,11 @@ def test_serve_passes_the_loop_and_the_http_parser_to_uvicorn(
     )  # fmt: skip
     serve(args)
     assert (seen["loop"], seen["http"]) == (loop, http)
+
+
+def test_frames_are_json_dumps_bytes_without_ascii_escapes() -> None:
+    obj = {"delta": {"content": 'héllo \u2603 "q" \n'}, "n": [1, 2.5, None, True], "e": {}}
+    text = json.dumps(obj, ensure_ascii=False)
+    assert sse.data(obj) == f"data: {text}\n\n"
+    assert sse.event("message_delta", obj) == f"event: message_delta\ndata: {text}\n\n"
+    assert "\\u" not in sse.data(obj)  # non-ASCII sent as is, as mlx_lm.server does

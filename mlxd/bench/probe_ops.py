@@ -1,0 +1,105 @@
+"""What one batched decode step is made of on this device: the primitives of its graph by kind
+(views, which launch nothing, apart from the rest) and where its host time goes (building the
+graph in Python against building and evaluating it), for mlx-lm's step and mlxd's opt-in modes.
+A host-bound step (0.6B on the H200) costs about its primitive count times a per-op cost, so
+this is the count to cut. docs/performance.md §1.
+
+    python -m mlxd.bench.probe_ops --shape qwen3-0.6b --rows 32 --context 4096
+
+On the CPU MLX expands its fast ops (RMSNorm, RoPE, attention) into their fallback graphs, so
+the counts there are not the GPU's; run it on the device.
+"""
+
+import collections
+import io
+import re
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache
+
+from ..model.folded_attention import folded
+from .models import build_random, rows_parser
+
+# Primitives that only re-describe their input's memory (no kernel on MLX-CUDA / Metal).
+VIEWS = frozenset(
+    "Broadcast Reshape Slice Split Transpose ExpandDims Squeeze Flatten Unflatten".split()
+)
+MODES = ("mlx", "folded", "folded+fused")
+
+
+def primitives(*roots: mx.array) -> collections.Counter:
+    """The primitives of the graph behind `roots`, by name (from MLX's DOT export)."""
+    out = io.StringIO()
+    mx.export_to_dot(out, *roots)
+    return collections.Counter(re.findall(r'label ="([A-Za-z0-9_]+)"', out.getvalue()))
+
+
+def step_fn(model: Any, rows: int, context: int) -> Callable[[], tuple[mx.array, mx.array]]:
+    """A greedy batched step over `rows` rows of `context` cached tokens (left padding differs
+    per row, as in a batch that rows joined at different lengths): logprobs and tokens, as
+    BatchGenerator's step computes them."""
+    layers = len(model.layers)
+    pad = [(i * 37) % max(1, context // 8) for i in range(rows)]
+    cache = [BatchKVCache(pad) for _ in range(layers)]
+    for start in range(0, context, 512):  # prefill in chunks so long contexts fit
+        n = min(512, context - start)
+        mx.eval(model(mx.zeros((rows, n), mx.int32), cache=cache))
+        mx.eval([c.state for c in cache])
+    tokens = mx.zeros((rows, 1), mx.int32)
+
+    def step() -> tuple[mx.array, mx.array]:
+        logits = model(tokens, cache=cache)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return logprobs, mx.argmax(logprobs, axis=-1)
+
+    return step
+
+
+def measure(step: Callable[[], tuple[mx.array, mx.array]], steps: int) -> tuple[float, float]:
+    """Median ms to build one step's graph, and to build and evaluate it."""
+    build, whole = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        out = step()
+        t1 = time.perf_counter()
+        mx.eval(out)
+        t2 = time.perf_counter()
+        build.append(t1 - t0)
+        whole.append(t2 - t0)
+    return 1e3 * statistics.median(build), 1e3 * statistics.median(whole)
+
+
+def report(mode: str, counts: collections.Counter, build: float, whole: float) -> str:
+    views = sum(n for p, n in counts.items() if p in VIEWS)
+    ops = sum(counts.values()) - views
+    top = ", ".join(f"{p} {n}" for p, n in counts.most_common() if p not in VIEWS)
+    return (
+        f"{mode:13} ops {ops:5d} views {views:5d} | build {build:6.2f} ms, build+eval "
+        f"{whole:6.2f} ms | {top}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = rows_parser(__doc__, "qwen3-0.6b", [32])
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    args = p.parse_args(argv)
+    bm = build_random(args.shape, "bfloat16")
+    for rows in args.rows:
+        print(f"{args.shape}, {rows} rows x {args.context} keys, {mx.default_device()}")
+        for mode in args.modes:
+            model = bm.model if mode == "mlx" else folded(bm.model, fuse=mode == "folded+fused")
+            step = step_fn(model, rows, args.context)
+            mx.eval(step())  # warm-up: kernels compiled, lazy weights (fused) and cache growth
+            counts = primitives(*step())  # a steady step's graph (built, then evaluated below)
+            mx.eval(step())
+            print(report(mode, counts, *measure(step, args.steps)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
