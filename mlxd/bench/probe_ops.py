@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache
 
 from ..model.folded_attention import folded
-from .models import build_random, rows_parser
+from .models import attention_dims, build_random, rows_parser
+from .probe_graphs import _caches
 
 # Primitives that only re-describe their input's memory (no kernel on MLX-CUDA / Metal).
 VIEWS = frozenset(
@@ -38,17 +38,11 @@ def primitives(*roots: mx.array) -> collections.Counter:
     return collections.Counter(re.findall(r'label ="([A-Za-z0-9_]+)"', out.getvalue()))
 
 
-def step_fn(model: Any, rows: int, context: int) -> Callable[[], tuple[mx.array, mx.array]]:
-    """A greedy batched step over `rows` rows of `context` cached tokens (left padding differs
-    per row, as in a batch that rows joined at different lengths): logprobs and tokens, as
+def step_fn(model: Any, rows: int, context: int, kv: int, D: int, room: int) -> Callable[[], Any]:
+    """A greedy batched step over `rows` rows of `context` cached tokens (probe_graphs' caches:
+    left padding varied, `room` free slots, so no step grows them): logprobs and tokens, as
     BatchGenerator's step computes them."""
-    layers = len(model.layers)
-    pad = [(i * 37) % max(1, context // 8) for i in range(rows)]
-    cache = [BatchKVCache(pad) for _ in range(layers)]
-    for start in range(0, context, 512):  # prefill in chunks so long contexts fit
-        n = min(512, context - start)
-        mx.eval(model(mx.zeros((rows, n), mx.int32), cache=cache))
-        mx.eval([c.state for c in cache])
+    cache = _caches(model, rows, context, kv, D, room)
     tokens = mx.zeros((rows, 1), mx.int32)
 
     def step() -> tuple[mx.array, mx.array]:
@@ -90,12 +84,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     args = p.parse_args(argv)
     bm = build_random(args.shape, "bfloat16")
+    _, kv, D, _ = attention_dims(args.shape)
     for rows in args.rows:
         print(f"{args.shape}, {rows} rows x {args.context} keys, {mx.default_device()}")
         for mode in args.modes:
             model = bm.model if mode == "mlx" else folded(bm.model, fuse=mode == "folded+fused")
-            step = step_fn(model, rows, args.context)
-            mx.eval(step())  # warm-up: kernels compiled, lazy weights (fused) and cache growth
+            step = step_fn(model, rows, args.context, kv, D, args.steps + 2)
+            mx.eval(step())  # warm-up: kernels compiled, the fused mode's stacked weights
             counts = primitives(*step())  # a steady step's graph (built, then evaluated below)
             mx.eval(step())
             print(report(mode, counts, *measure(step, args.steps)), flush=True)
