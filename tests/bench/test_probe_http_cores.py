@@ -1,0 +1,35 @@
+"""The two session-19 probes end to end on the CPU: probe_http (mlxd's real server on a paced
+stand-in engine, raw-socket streams) and probe_cores (the step timed on each CPU in turn)."""
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from mlxd.bench import probe_cores, probe_http
+
+
+def test_probe_http_streams_every_frame_and_reports_the_engines_steps(
+    tiny_model: Callable[..., Path], capsys
+) -> None:
+    argv = ["--model", str(tiny_model("qwen3")), "--streams", "3", "--tokens", "12"]
+    probe_http.main([*argv, "--step-ms", "20", "--gil-ms", "2"])
+    out = json.loads(capsys.readouterr().out)
+    # A stream's frames: the role chunk, one per token (the last carries finish_reason), usage.
+    assert out["streams"] == 3 and out["frames"] == 3 * (1 + 12 + 1)
+    assert out["loop_cpu_us_per_frame"] > 0 and 0 < out["loop_busy"] < 1
+    # The paced engine never steps faster than it was paced, and keeps pace on an idle machine.
+    assert 20 <= out["step_p50_ms"] < 60 and out["step_mean_ms"] >= 20
+
+
+def test_probe_cores_times_each_row_count_on_each_cpu_in_every_pass(capsys) -> None:
+    probe_cores.main(["--shape", "qwen3-host", "--rows", "1", "2", "--context", "32",
+                      "--steps", "2", "--passes", "2"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    cpus = [int(c) for c in re.search(r"CPUs \[([\d, ]+)\]", lines[0]).group(1).split(",")]
+    for rows in (1, 2):
+        start = lines.index(f"{rows} rows: median ms per CPU (pass by pass)")
+        per_cpu = lines[start + 1 : start + 1 + len(cpus)]
+        assert [int(re.match(r" +cpu +(\d+):", s).group(1)) for s in per_cpu] == cpus
+        assert all(len(re.findall(r"[\d.]+", s.split(":")[1])) == 2 for s in per_cpu)
+        assert re.match(r" +fastest CPU [\d.]+ ms, slowest [\d.]+ ms", lines[start + 1 + len(cpus)])
