@@ -20,7 +20,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..model.folded_attention import folded
+from ..model.decode_kernel import available
+from ..model.folded_attention import for_mode, is_flash
 from .models import attention_dims, build_random, rows_parser
 from .probe_graphs import _caches
 
@@ -28,7 +29,7 @@ from .probe_graphs import _caches
 VIEWS = frozenset(
     "Broadcast Reshape Slice Split Transpose ExpandDims Squeeze Flatten Unflatten".split()
 )
-MODES = ("mlx", "folded", "folded+fused")
+MODES = ("mlx", "folded", "folded+fused", "flash", "flash+fused")  # flash: CUDA only
 
 
 def primitives(*roots: mx.array) -> collections.Counter:
@@ -81,14 +82,15 @@ def main(argv: list[str] | None = None) -> None:
     p = rows_parser(__doc__, "qwen3-0.6b", [32])
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    here = [m for m in MODES if not is_flash(m) or available() is None]
+    p.add_argument("--modes", nargs="+", choices=MODES, default=here)
     args = p.parse_args(argv)
     bm = build_random(args.shape, "bfloat16")
     _, kv, D, _ = attention_dims(args.shape)
     for rows in args.rows:
         print(f"{args.shape}, {rows} rows x {args.context} keys, {mx.default_device()}")
         for mode in args.modes:
-            model = bm.model if mode == "mlx" else folded(bm.model, fuse=mode == "folded+fused")
+            model = for_mode(bm.model, mode)
             step = step_fn(model, rows, args.context, kv, D, args.steps + 2)
             mx.eval(step())  # warm-up: kernels compiled, the fused mode's stacked weights
             counts = primitives(*step())  # a steady step's graph (built, then evaluated below)

@@ -43,8 +43,8 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         "--batched-attention",
         choices=MODES,
         default="mlx",
-        help="mlxd's batched decode attention, as `mlxd serve --batched-attention` (folded "
-        "and folded+fused change bits on CUDA: its token check is reported, not enforced)",
+        help="mlxd's batched decode attention, as `mlxd serve --batched-attention` (every "
+        "mode but mlx changes bits on CUDA: its token check is reported, not enforced)",
     )
 
 

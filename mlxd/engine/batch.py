@@ -14,7 +14,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 from ..kv.batch_quantized import mergeable
-from ..model.folded_attention import folded, is_folded
+from ..model.folded_attention import for_mode
 from ..store.layers import clone
 from .batch_logits import BiasedGenerationBatch
 from .batch_prompt import keep_buffers
@@ -61,7 +61,7 @@ class BatchConfig:
     prefill_batch_size: int = 8
     prefill_step_size: int = 2048
     max_kv_size: int | None = None  # one size for every batched row (rotating caches)
-    attention: str = "mlx"  # or folded(+fused): model/folded_attention.py (opt-in, bits on CUDA)
+    attention: str = "mlx"  # or folded/flash(+fused): model/folded_attention.py (opt-in)
     # mx.clear_cache() after each prefill chunk (mlx-lm's, batch_prompt.py), a finished serial
     # row and a closed batch; off where a clear is slow (CUDA). Buffers only: the same bits.
     clear_cache: bool = True
@@ -108,8 +108,7 @@ class BatchedRows:
     ) -> None:  # fmt: skip
         self.sharing = sharing
         self.fmt = fmt  # the KV format of every row's caches (None: unquantized)
-        if is_folded(config.attention):
-            model = folded(model, fuse=config.attention == "folded+fused")
+        model = for_mode(model, config.attention)
         self.gen = BatchGenerator(
             model,
             completion_batch_size=config.completion_batch_size,

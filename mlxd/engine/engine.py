@@ -72,7 +72,8 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         materialize(model)
         self.batch = batch
         self.config = batch_config or BatchConfig(batch, min(batch, 8), prefill_step_size)
-        if is_folded(self.config.attention) and (why := unfoldable(model)) is not None:
+        mode = self.config.attention
+        if is_folded(mode) and (why := unfoldable(model, mode)) is not None:
             raise ValueError(why)
         # serial_fast_path: a lone row runs serial caches, and a batch's last row returns to them
         # where that keeps its bits (moves.py). Off: every row runs BatchGenerator's step.

@@ -17,33 +17,56 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .decode_kernel import available, flash_attention, supports
 from .fused_projections import Stacked, fused_mlp, stacked_qkv
 
 # Architectures whose attention is the standard q/k/v projection, optional q/k RMSNorm, RoPE at
 # the cache offset, cache update, attention, o_proj (tests/model/test_folded_attention.py).
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
-# folded+fused: also q/k/v and gate/up as one matmul each (model/fused_projections.py).
-MODES = ("mlx", "folded", "folded+fused")
+# folded+fused: also q/k/v and gate/up as one matmul each (model/fused_projections.py);
+# flash: the attention itself as two CUDA kernels (model/decode_kernel.py, CUDA only).
+MODES = ("mlx", "folded", "folded+fused", "flash", "flash+fused")
 
 
 def is_folded(mode: str) -> bool:
-    return mode in ("folded", "folded+fused")
+    """Every mode but mlx wraps the model's attention modules."""
+    return mode in MODES and mode != "mlx"
 
 
-def unsupported(model: Any) -> str | None:
-    """Why `folded` cannot serve this model, or None."""
+def is_fused(mode: str) -> bool:
+    return mode.endswith("+fused")
+
+
+def is_flash(mode: str) -> bool:
+    return mode.startswith("flash")
+
+
+def for_mode(model: nn.Module, mode: str) -> nn.Module:
+    """The model a batch of this --batched-attention mode steps."""
+    if not is_folded(mode):
+        return model
+    return folded(model, fuse=is_fused(mode), flash=is_flash(mode))
+
+
+def unsupported(model: Any, mode: str = "folded") -> str | None:
+    """Why this --batched-attention mode cannot serve this model here, or None."""
+    if is_flash(mode) and (why := available()) is not None:
+        return why
     kind = getattr(getattr(model, "args", None), "model_type", None)
     if kind not in SUPPORTED:
-        return f"--batched-attention folded supports {', '.join(SUPPORTED)}; this model is {kind!r}"
+        return f"--batched-attention {mode} supports {', '.join(SUPPORTED)}; this model is {kind!r}"
     return None
 
 
-def folded(model: nn.Module, align: int | None = None, fuse: bool = False) -> nn.Module:
+def folded(
+    model: nn.Module, align: int | None = None, fuse: bool = False, flash: bool = False
+) -> nn.Module:
     """A model sharing `model`'s weights whose batched decode attention is folded, over keys
     padded to a multiple of `align` (default: `key_alignment()`); `fuse`: its batched decode
-    steps also run q/k/v and gate/up as one matmul each, over copies of those weights."""
+    steps also run q/k/v and gate/up as one matmul each, over copies of those weights; `flash`:
+    the attention runs as decode_kernel.py's CUDA kernels (no padding needed)."""
     align = key_alignment() if align is None else align
-    if (why := unsupported(model)) is not None:
+    if (why := unsupported(model, "flash" if flash else "folded")) is not None:
         raise ValueError(why)
     shadow = copy.copy(model)
     inner = copy.copy(model.model)
@@ -51,7 +74,7 @@ def folded(model: nn.Module, align: int | None = None, fuse: bool = False) -> nn
     masks = AlignedMasks()  # one per model: every layer of a step gets the same mask
     for layer in model.model.layers:
         twin = copy.copy(layer)
-        twin.self_attn = FoldedAttention(layer.self_attn, align, masks)
+        twin.self_attn = FoldedAttention(layer.self_attn, align, masks, flash)
         if fuse:
             twin.self_attn.qkv = stacked_qkv(layer.self_attn)
             twin.mlp = fused_mlp(layer.mlp)
@@ -126,10 +149,13 @@ def _foldable(x: mx.array, mask: Any, cache: Any) -> bool:
 class FoldedAttention(nn.Module):
     """Wraps one layer's attention: the same projections, norms and RoPE, folded attention."""
 
-    def __init__(self, inner: nn.Module, align: int = 1, masks: Any = None) -> None:
+    def __init__(
+        self, inner: nn.Module, align: int = 1, masks: Any = None, flash: bool = False
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.align = align
+        self.flash = flash
         self.masks = masks if masks is not None else AlignedMasks()
         self.qkv: Stacked | None = None  # set by folded(fuse=True) where the layers stack
 
@@ -146,6 +172,8 @@ class FoldedAttention(nn.Module):
         v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
+        if self.flash and supports(q, k, mask):
+            return a.o_proj(flash_attention(q, k, v, a.scale, mask))
         if self.align > 1:
             k, v, mask = _aligned(self.align, cache, k, v, mask, self.masks)
         out = attention(q, k, v, a.scale, mask)

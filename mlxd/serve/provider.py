@@ -24,7 +24,7 @@ from ..kv import mixed
 from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
 from ..model.default import DEFAULT_MODEL_NAME
-from ..model.folded_attention import is_folded
+from ..model.folded_attention import is_folded, is_fused
 from ..model.folded_attention import unsupported as unfoldable
 from ..model.fused_projections import stacked_bytes
 from ..model.resolve import resolve_model
@@ -94,10 +94,10 @@ class ModelProvider:
         # a layer that holds no keys and values is refused.
         if (why := unsupported(model, kv_config, window)) is not None:
             raise ModelLoadError(f"{folder}: {why}")
-        if is_folded(a.batched_attention) and (why := unfoldable(model)) is not None:
+        if is_folded(a.batched_attention) and (why := unfoldable(model, a.batched_attention)):
             raise ModelLoadError(f"{folder}: {why}")
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-        if a.batched_attention == "folded+fused":  # the stacked copies (fused_projections.py)
+        if is_fused(a.batched_attention):  # the stacked copies (fused_projections.py)
             weights += stacked_bytes(model)
         kv_budget = kv_budget_from(a, weights)
         store, namespace = make_store(a, folder, adapter, kv_budget)

@@ -1,0 +1,64 @@
+"""Flash-decoding attention (mlxd/model/decode_kernel.py, CUDA only) against folded attention,
+the mode it would replace: each one's largest error against the float32 formula, and the time
+of a step's worth of attention layers (the cache's key/value views, left padding varied).
+
+    python -m mlxd.bench.probe_flash --shape qwen3-0.6b --rows 8 32 --contexts 512 4096
+"""
+
+import mlx.core as mx
+
+from ..model.decode_kernel import available, chunks, flash_attention
+from ..model.folded_attention import AlignedMasks, _aligned, attention, key_alignment
+from .models import attention_dims, rows_parser
+from .probe_attention import timed
+
+
+class _Buffer:
+    """What `_aligned` reads of a cache: its key and value buffers."""
+
+    def __init__(self, keys: mx.array, values: mx.array) -> None:
+        self.keys, self.values = keys, values
+
+
+def row(B: int, L: int, heads: int, kv: int, D: int, layers: int) -> str:
+    cap = (L // 256 + 1) * 256  # a 256-step cache buffer, sliced to L as mlx-lm does
+    kb, vb = (mx.random.normal((B, kv, cap, D)).astype(mx.bfloat16) for _ in range(2))
+    q = mx.random.normal((B, heads, 1, D)).astype(mx.bfloat16)
+    k, v = kb[..., :L, :], vb[..., :L, :]
+    pad = mx.array([(i * 37) % min(300, L) for i in range(B)])
+    mask = (mx.arange(L)[None] >= pad[:, None]).reshape(B, 1, 1, L)
+    mx.eval(kb, vb, q, mask)
+    s = D**-0.5
+    masks, buf = AlignedMasks(), _Buffer(kb, vb)
+
+    def folded() -> mx.array:  # as FoldedAttention runs it: keys aligned, then o_proj's layout
+        ka, va, ma = _aligned(key_alignment(), buf, k, v, mask, masks)
+        return attention(q, ka, va, s, ma).transpose(0, 2, 1, 3).reshape(B, 1, -1)
+
+    f32 = [x.astype(mx.float32) for x in (q, k, v)]
+    ref = attention(*f32, s, mask).transpose(0, 2, 1, 3).reshape(B, 1, -1)
+    err_folded = mx.abs(folded().astype(mx.float32) - ref).max().item()
+    err_flash = mx.abs(flash_attention(q, k, v, s, mask).astype(mx.float32) - ref).max().item()
+    t_folded = timed(lambda: [folded() for _ in range(layers)])
+    t_flash = timed(lambda: [flash_attention(q, k, v, s, mask) for _ in range(layers)])
+    return (
+        f"B={B:2d} L={L:5d} {layers} layers, {chunks(B, kv, L)} chunks: folded {t_folded:7.2f} ms"
+        f" | flash {t_flash:7.2f} ms ({t_folded / t_flash:4.2f}x) | max error vs float32: "
+        f"folded {err_folded:.2e}, flash {err_flash:.2e}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = rows_parser(__doc__, "qwen3-0.6b", [8, 32])
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
+    args = p.parse_args(argv)
+    if (why := available()) is not None:
+        raise SystemExit(why)
+    heads, kv, D, layers = attention_dims(args.shape)
+    for B in args.rows:
+        for L in args.contexts:
+            print(row(B, L, heads, kv, D, layers), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""Flash-decoding attention for a batched one-token step, as two CUDA kernels (opt-in:
+`--batched-attention flash`). Folded attention (folded_attention.py) runs MLX's formula as ~6
+kernels a layer and reads the keys twice (scores, then weights x values): at 32 rows x 4k keys
+its attention is most of a 0.6B step. Here each block streams a chunk of one row's keys and
+values once, with an online softmax in float32 for its KV head's whole query group; a second
+kernel merges the chunks. The formula is the same, the rounding is not (no bfloat16 scores or
+weights): it changes bits, like folded attention on CUDA, and exists only on MLX's CUDA backend.
+"""
+
+from functools import cache
+
+import mlx.core as mx
+
+HEAD_DIMS = (64, 128, 256)  # 8 elements a lane, so D / 8 lanes a key divides a warp
+_WARPS = 4
+_TARGET_BLOCKS = 1056  # ~8 blocks of 4 warps per H200 SM (132): enough loads in flight
+_MIN_CHUNK = 64  # keys a block streams at least
+_MAX_GROUP = 8  # query heads per KV head: 2 x 8 x 8 float registers a lane, 32 KB shared at most
+
+_HEADER = """
+constexpr float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
+
+template <typename T>
+__device__ inline void load8(const T* p, float* out) {
+  if constexpr (sizeof(T) == 2) {
+    uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(h[e]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = static_cast<float>(p[e]);
+  }
+}
+"""
+
+# grid (S * 128, Hkv, B), block (128, 1, 1): block (s, hk, b) attends row b's keys in chunk s
+# for the G query heads of KV head hk. Lane groups of D/8 lanes each take one key at a time.
+_PARTIALS = """
+  constexpr int LPK = D / 8;
+  constexpr int KPW = 32 / LPK;
+  constexpr int NG = NW * KPW;
+  __shared__ float sm_m[NG * G];
+  __shared__ float sm_l[NG * G];
+  __shared__ float sm_o[NG * G * D];
+  const int s = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, S = gridDim.x;
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int grp = (tid / 32) * KPW + lane / LPK, sub = lane % LPK;
+  const int L = k_shape[2];
+  const int chunk = (L + S - 1) / S;
+  const int start = s * chunk, stop = min(L, start + chunk);
+  const int Hq = q_shape[1];
+  const float sc = scale[0];
+  float qv[G][8], acc[G][8], m[G], l[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const T* qp = q + b * q_strides[0] + (hk * G + g) * q_strides[1] + sub * 8;
+    load8(qp, qv[g]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) { qv[g][e] *= sc; acc[g][e] = 0.f; }
+    m[g] = NEG_INF;
+    l[g] = 0.f;
+  }
+  const T* kb = k + b * k_strides[0] + hk * k_strides[1] + sub * 8;
+  const T* vb = v + b * v_strides[0] + hk * v_strides[1] + sub * 8;
+  const bool* mb = mask + b * mask_strides[0];
+  const int64_t mstep = mask_strides[mask_ndim - 1];
+  for (int base = start; base < stop; base += 2 * NG) {  // uniform over the block: shuffles agree
+    float kf[2][8], vf[2][8];
+    bool valid[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {  // both keys' loads in flight before either is used
+      const int j = base + u * NG + grp;
+      valid[u] = j < stop && mb[j * mstep];
+      if (valid[u]) {
+        load8(kb + j * k_strides[2], kf[u]);
+        load8(vb + j * v_strides[2], vf[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.f;
+        if (valid[u]) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dot += qv[g][e] * kf[u][e];
+        }
+#pragma unroll
+        for (int off = LPK / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffff, dot, off);
+        if (valid[u]) {
+          const float mn = fmaxf(m[g], dot);
+          const float c = expf(m[g] - mn), p = expf(dot - mn);
+          l[g] = l[g] * c + p;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * c + p * vf[u][e];
+          m[g] = mn;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (sub == 0) { sm_m[grp * G + g] = m[g]; sm_l[grp * G + g] = l[g]; }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sm_o[(grp * G + g) * D + sub * 8 + e] = acc[g][e];
+  }
+  __syncthreads();
+  for (int o = tid; o < G * D; o += NW * 32) {
+    const int g = o / D, d = o % D;
+    float M = NEG_INF;
+    for (int r = 0; r < NG; ++r) M = fmaxf(M, sm_m[r * G + g]);
+    float num = 0.f, den = 0.f;
+    if (M != NEG_INF) {
+      for (int r = 0; r < NG; ++r) {
+        const float mr = sm_m[r * G + g];
+        if (mr == NEG_INF) continue;
+        const float w = expf(mr - M);
+        num += w * sm_o[(r * G + g) * D + d];
+        den += w * sm_l[r * G + g];
+      }
+    }
+    const int64_t row = ((int64_t)b * Hq + hk * G + g) * S + s;
+    part_o[row * D + d] = num;
+    if (d == 0) { part_m[row] = M; part_l[row] = den; }
+  }
+"""
+
+# grid (D, Hq, B), block (D, 1, 1): one thread per output element merges the S chunks.
+_COMBINE = """
+  const int d = threadIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int Hq = gridDim.y, S = part_m_shape[2];
+  const int64_t row = ((int64_t)b * Hq + h) * S;
+  float M = NEG_INF;
+  for (int s = 0; s < S; ++s) M = fmaxf(M, part_m[row + s]);
+  float num = 0.f, den = 0.f;
+  if (M != NEG_INF) {
+    for (int s = 0; s < S; ++s) {
+      const float ms = part_m[row + s];
+      if (ms == NEG_INF) continue;
+      const float w = expf(ms - M);
+      num += w * part_o[(row + s) * D + d];
+      den += w * part_l[row + s];
+    }
+  }
+  out[((int64_t)b * Hq + h) * D + d] = static_cast<T>(den > 0.f ? num / den : 0.f);
+"""
+
+
+def available() -> str | None:
+    """Why the flash kernels cannot run here, or None."""
+    if not mx.cuda.is_available():
+        return "--batched-attention flash needs MLX's CUDA backend (this MLX has none)"
+    return None
+
+
+def supports(q: mx.array, k: mx.array, mask: mx.array) -> bool:
+    """Head sizes the lanes divide, a whole query group of at most _MAX_GROUP per KV head (its
+    accumulators live in registers), a boolean mask."""
+    D, G = q.shape[-1], q.shape[1] // k.shape[1]
+    whole = q.shape[1] == G * k.shape[1]
+    return D in HEAD_DIMS and whole and G <= _MAX_GROUP and mask.dtype == mx.bool_
+
+
+def chunks(B: int, kv_heads: int, L: int) -> int:
+    """How many key chunks each (row, KV head) is split into: enough blocks to fill the GPU,
+    none shorter than _MIN_CHUNK keys."""
+    want = -(-_TARGET_BLOCKS // (B * kv_heads))
+    return max(1, min(want, -(-L // _MIN_CHUNK)))
+
+
+@cache
+def _kernels() -> tuple[object, object]:
+    partials = mx.fast.cuda_kernel(
+        name="mlxd_flash_decode_partials",
+        input_names=["q", "k", "v", "mask", "scale"],
+        output_names=["part_o", "part_m", "part_l"],
+        source=_PARTIALS,
+        header=_HEADER,
+        ensure_row_contiguous=False,  # the cache's key/value views go in without copies
+    )
+    combine = mx.fast.cuda_kernel(
+        name="mlxd_flash_decode_combine",
+        input_names=["part_o", "part_m", "part_l"],
+        output_names=["out"],
+        source=_COMBINE,
+        header=_HEADER,
+    )
+    return partials, combine
+
+
+@cache
+def _scale(scale: float) -> mx.array:
+    return mx.array([scale], mx.float32)
+
+
+def flash_attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array
+) -> mx.array:
+    """softmax(q k^T * scale, masked) v for one query per row: q (B, Hq, 1, D), k and v
+    (B, Hkv, L, D) with D contiguous, mask boolean with one entry per row and key. Returns
+    (B, 1, Hq * D), o_proj's input."""
+    B, Hq, _, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    S = chunks(B, Hkv, L)
+    partials, combine = _kernels()
+    f32 = mx.float32
+    part_o, part_m, part_l = partials(  # type: ignore[operator]
+        inputs=[q, k, v, mask, _scale(scale)],
+        template=[("T", q.dtype), ("D", D), ("G", Hq // Hkv), ("NW", _WARPS)],
+        grid=(S * _WARPS * 32, Hkv, B),
+        threadgroup=(_WARPS * 32, 1, 1),
+        output_shapes=[(B, Hq, S, D), (B, Hq, S), (B, Hq, S)],
+        output_dtypes=[f32, f32, f32],
+    )
+    (out,) = combine(  # type: ignore[operator]
+        inputs=[part_o, part_m, part_l],
+        template=[("T", q.dtype), ("D", D)],
+        grid=(D, Hq, B),
+        threadgroup=(D, 1, 1),
+        output_shapes=[(B, 1, Hq * D)],
+        output_dtypes=[q.dtype],
+    )
+    return out
