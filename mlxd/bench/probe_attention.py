@@ -28,14 +28,20 @@ def timed(fn: Callable[[], object], n: int = 6) -> float:
     return 1000 * statistics.median(ts[2:])
 
 
-def attention_row(B: int, L: int, heads: int, kv: int, D: int, layers: int) -> str:
-    cap = (L // 256 + 1) * 256  # a 256-step cache buffer, sliced to L as mlx-lm does
+def decode_inputs(B: int, L: int, heads: int, kv: int, D: int) -> tuple[mx.array, ...]:
+    """A decode step's attention inputs: key/value buffers of 256-token steps, q, the buffers'
+    views of L keys (as mlx-lm's cache hands them) and a mask with left padding varied."""
+    cap = (L // 256 + 1) * 256
     kb, vb = (mx.random.normal((B, kv, cap, D)).astype(mx.bfloat16) for _ in range(2))
     q = mx.random.normal((B, heads, 1, D)).astype(mx.bfloat16)
-    k, v = kb[..., :L, :], vb[..., :L, :]
     pad = mx.array([(i * 37) % min(300, L) for i in range(B)])
     mask = (mx.arange(L)[None] >= pad[:, None]).reshape(B, 1, 1, L)
     mx.eval(kb, vb, q, mask)
+    return kb, vb, q, kb[..., :L, :], vb[..., :L, :], mask
+
+
+def attention_row(B: int, L: int, heads: int, kv: int, D: int, layers: int) -> str:
+    _, _, q, k, v, mask = decode_inputs(B, L, heads, kv, D)
     s = D**-0.5
     sdpa = mx.fast.scaled_dot_product_attention
     masked = timed(lambda: [sdpa(q, k, v, scale=s, mask=mask) for _ in range(layers)])

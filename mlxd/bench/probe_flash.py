@@ -10,7 +10,7 @@ import mlx.core as mx
 from ..model.decode_kernel import available, chunks, flash_attention
 from ..model.folded_attention import AlignedMasks, _aligned, attention, key_alignment
 from .models import attention_dims, rows_parser
-from .probe_attention import timed
+from .probe_attention import decode_inputs, timed
 
 
 class _Buffer:
@@ -21,13 +21,7 @@ class _Buffer:
 
 
 def row(B: int, L: int, heads: int, kv: int, D: int, layers: int) -> str:
-    cap = (L // 256 + 1) * 256  # a 256-step cache buffer, sliced to L as mlx-lm does
-    kb, vb = (mx.random.normal((B, kv, cap, D)).astype(mx.bfloat16) for _ in range(2))
-    q = mx.random.normal((B, heads, 1, D)).astype(mx.bfloat16)
-    k, v = kb[..., :L, :], vb[..., :L, :]
-    pad = mx.array([(i * 37) % min(300, L) for i in range(B)])
-    mask = (mx.arange(L)[None] >= pad[:, None]).reshape(B, 1, 1, L)
-    mx.eval(kb, vb, q, mask)
+    kb, vb, q, k, v, mask = decode_inputs(B, L, heads, kv, D)
     s = D**-0.5
     masks, buf = AlignedMasks(), _Buffer(kb, vb)
 
