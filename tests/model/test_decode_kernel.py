@@ -124,8 +124,11 @@ def test_an_engine_in_flash_mode_decodes_batched_rows_close_to_mlx(tiny_model, m
     assert calls  # the batched steps went through the kernels
     for a, b in zip(firsts["mlx"], firsts["flash+fused"], strict=True):
         assert len(a) == len(b) == 6
-        # The first token's distribution comes from the prefill (the same in both modes) ...
+        # The first token comes from the prefill, the same in both modes; each later one from a
+        # batched decode step: close, not equal (the mode's rounding). A near-tie may pick
+        # another token, after which the rows' contexts differ: compare up to there.
         assert a[0][0] == b[0][0]
-        # ... the later ones from batched decode steps: close, not equal (the mode's rounding).
-        for (_, la), (_, lb) in zip(a[1:], b[1:], strict=True):
-            assert mx.abs(la - lb).max().item() < 0.1
+        for (ta, la), (tb, lb) in zip(a[1:], b[1:], strict=True):
+            assert mx.abs(la - lb).max().item() < 0.05
+            if ta != tb:
+                break
