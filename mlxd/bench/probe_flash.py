@@ -7,7 +7,7 @@ of a step's worth of attention layers (the cache's key/value views, left padding
 
 import mlx.core as mx
 
-from ..model.decode_kernel import available, chunks, flash_attention
+from ..model.decode_kernel import Tiling, available, flash_attention
 from ..model.folded_attention import AlignedMasks, _aligned, attention, key_alignment
 from .models import attention_dims, rows_parser
 from .probe_attention import decode_inputs, timed
@@ -20,7 +20,7 @@ class _Buffer:
         self.keys, self.values = keys, values
 
 
-def row(B: int, L: int, heads: int, kv: int, D: int, layers: int) -> str:
+def row(B: int, L: int, heads: int, kv: int, D: int, layers: int, tilings: list[Tiling]) -> str:
     kb, vb, q, k, v, mask = decode_inputs(B, L, heads, kv, D)
     s = D**-0.5
     masks, buf = AlignedMasks(), _Buffer(kb, vb)
@@ -32,26 +32,32 @@ def row(B: int, L: int, heads: int, kv: int, D: int, layers: int) -> str:
     f32 = [x.astype(mx.float32) for x in (q, k, v)]
     ref = attention(*f32, s, mask).transpose(0, 2, 1, 3).reshape(B, 1, -1)
     err_folded = mx.abs(folded().astype(mx.float32) - ref).max().item()
-    err_flash = mx.abs(flash_attention(q, k, v, s, mask).astype(mx.float32) - ref).max().item()
     t_folded = timed(lambda: [folded() for _ in range(layers)])
-    t_flash = timed(lambda: [flash_attention(q, k, v, s, mask) for _ in range(layers)])
+    cells = []
+    for t in tilings:
+        out = flash_attention(q, k, v, s, mask, t)
+        err = mx.abs(out.astype(mx.float32) - ref).max().item()
+        ms = timed(lambda t=t: [flash_attention(q, k, v, s, mask, t) for _ in range(layers)])
+        name = f"{t.keys},{t.warps},{t.blocks}"
+        cells.append(f"{name}: {ms:6.2f} ms ({t_folded / ms:4.2f}x, {err:.1e})")
     return (
-        f"B={B:2d} L={L:5d} {layers} layers, {chunks(B, kv, L)} chunks: folded {t_folded:7.2f} ms"
-        f" | flash {t_flash:7.2f} ms ({t_folded / t_flash:4.2f}x) | max error vs float32: "
-        f"folded {err_folded:.2e}, flash {err_flash:.2e}"
+        f"B={B:2d} L={L:5d} {layers} layers: folded {t_folded:6.2f} ms (error {err_folded:.1e}) | "
+        "flash keys,warps,blocks: " + " | ".join(cells)
     )
 
 
 def main(argv: list[str] | None = None) -> None:
     p = rows_parser(__doc__, "qwen3-0.6b", [8, 32])
     p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
+    p.add_argument("--tilings", nargs="+", default=["2,4,1056"], help="keys,warps,blocks each")
     args = p.parse_args(argv)
     if (why := available()) is not None:
         raise SystemExit(why)
     heads, kv, D, layers = attention_dims(args.shape)
+    tilings = [Tiling(*map(int, t.split(","))) for t in args.tilings]
     for B in args.rows:
         for L in args.contexts:
-            print(row(B, L, heads, kv, D, layers), flush=True)
+            print(row(B, L, heads, kv, D, layers, tilings), flush=True)
 
 
 if __name__ == "__main__":

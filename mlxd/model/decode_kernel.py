@@ -7,15 +7,30 @@ kernel merges the chunks. The formula is the same, the rounding is not (no bfloa
 weights): it changes bits, like folded attention on CUDA, and exists only on MLX's CUDA backend.
 """
 
+import os
+from dataclasses import dataclass
 from functools import cache
 
 import mlx.core as mx
 
 HEAD_DIMS = (64, 128, 256)  # 8 elements a lane, so D / 8 lanes a key divides a warp
-_WARPS = 4
-_TARGET_BLOCKS = 1056  # ~8 blocks of 4 warps per H200 SM (132): enough loads in flight
 _MIN_CHUNK = 64  # keys a block streams at least
-_MAX_GROUP = 8  # query heads per KV head: 2 x 8 x 8 float registers a lane, 32 KB shared at most
+_SHARED = 48 * 1024  # static shared memory a block may hold
+_MAX_GROUP = 8  # query heads per KV head: 2 x 8 x 8 float registers a lane for q and the sums
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How the partials kernel splits the work (bench/h200/flash.sh sweeps these)."""
+
+    keys: int = 2  # keys a lane group loads and scores per tile (one rescale a tile)
+    warps: int = 4  # warps a block
+    blocks: int = 1056  # blocks wanted over the whole grid (~8 per H200 SM)
+
+
+# MLXD_FLASH_TILING="keys,warps,blocks" overrides the default, for the device sweeps.
+_ENV = os.environ.get("MLXD_FLASH_TILING")
+TILING = Tiling(*map(int, _ENV.split(","))) if _ENV else Tiling()
 
 _HEADER = """
 constexpr float NEG_INF = -cuda::std::numeric_limits<float>::infinity();
@@ -34,8 +49,9 @@ __device__ inline void load8(const T* p, float* out) {
 }
 """
 
-# grid (S * 128, Hkv, B), block (128, 1, 1): block (s, hk, b) attends row b's keys in chunk s
-# for the G query heads of KV head hk. Lane groups of D/8 lanes each take one key at a time.
+# grid (S * NW * 32, Hkv, B), block (NW * 32, 1, 1): block (s, hk, b) attends row b's keys in
+# chunk s for the G query heads of KV head hk. Lane groups of D/8 lanes take KT keys a tile; the
+# softmax runs in the log2 domain (q carries scale * log2(e)), rescaling once a tile.
 _PARTIALS = """
   constexpr int LPK = D / 8;
   constexpr int KPW = 32 / LPK;
@@ -50,12 +66,11 @@ _PARTIALS = """
   const int chunk = (L + S - 1) / S;
   const int start = s * chunk, stop = min(L, start + chunk);
   const int Hq = q_shape[1];
-  const float sc = scale[0];
+  const float sc = scale[0] * 1.4426950408889634f;
   float qv[G][8], acc[G][8], m[G], l[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    const T* qp = q + b * q_strides[0] + (hk * G + g) * q_strides[1] + sub * 8;
-    load8(qp, qv[g]);
+    load8(q + b * q_strides[0] + (hk * G + g) * q_strides[1] + sub * 8, qv[g]);
 #pragma unroll
     for (int e = 0; e < 8; ++e) { qv[g][e] *= sc; acc[g][e] = 0.f; }
     m[g] = NEG_INF;
@@ -65,38 +80,48 @@ _PARTIALS = """
   const T* vb = v + b * v_strides[0] + hk * v_strides[1] + sub * 8;
   const bool* mb = mask + b * mask_strides[0];
   const int64_t mstep = mask_strides[mask_ndim - 1];
-  for (int base = start; base < stop; base += 2 * NG) {  // uniform over the block: shuffles agree
-    float kf[2][8], vf[2][8];
-    bool valid[2];
+  for (int base = start; base < stop; base += KT * NG) {  // uniform over the block: shuffles agree
+    float kf[KT][8], vf[KT][8];
+    bool valid[KT];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {  // both keys' loads in flight before either is used
+    for (int u = 0; u < KT; ++u) {  // the tile's loads all in flight before any is used
       const int j = base + u * NG + grp;
       valid[u] = j < stop && mb[j * mstep];
       if (valid[u]) {
         load8(kb + j * k_strides[2], kf[u]);
         load8(vb + j * v_strides[2], vf[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) { kf[u][e] = 0.f; vf[u][e] = 0.f; }
       }
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int g = 0; g < G; ++g) {
+      float dot[KT];
+      float mt = m[g];
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float dot = 0.f;
-        if (valid[u]) {
+      for (int u = 0; u < KT; ++u) {
+        float x = 0.f;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) dot += qv[g][e] * kf[u][e];
-        }
+        for (int e = 0; e < 8; ++e) x += qv[g][e] * kf[u][e];
 #pragma unroll
-        for (int off = LPK / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffff, dot, off);
-        if (valid[u]) {
-          const float mn = fmaxf(m[g], dot);
-          const float c = expf(m[g] - mn), p = expf(dot - mn);
-          l[g] = l[g] * c + p;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[g][e] = acc[g][e] * c + p * vf[u][e];
-          m[g] = mn;
-        }
+        for (int off = LPK / 2; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffff, x, off);
+        dot[u] = valid[u] ? x : NEG_INF;
+        mt = fmaxf(mt, dot[u]);
       }
+      if (mt == NEG_INF) continue;  // nothing valid yet for this group
+      const float c = exp2f(m[g] - mt);
+      l[g] *= c;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= c;
+#pragma unroll
+      for (int u = 0; u < KT; ++u) {
+        const float p = exp2f(dot[u] - mt);  // 0 for a masked key
+        l[g] += p;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] += p * vf[u][e];
+      }
+      m[g] = mt;
     }
   }
 #pragma unroll
@@ -115,7 +140,7 @@ _PARTIALS = """
       for (int r = 0; r < NG; ++r) {
         const float mr = sm_m[r * G + g];
         if (mr == NEG_INF) continue;
-        const float w = expf(mr - M);
+        const float w = exp2f(mr - M);
         num += w * sm_o[(r * G + g) * D + d];
         den += w * sm_l[r * G + g];
       }
@@ -138,7 +163,7 @@ _COMBINE = """
     for (int s = 0; s < S; ++s) {
       const float ms = part_m[row + s];
       if (ms == NEG_INF) continue;
-      const float w = expf(ms - M);
+      const float w = exp2f(ms - M);  // the partials' maxima are in the log2 domain
       num += w * part_o[(row + s) * D + d];
       den += w * part_l[row + s];
     }
@@ -162,11 +187,19 @@ def supports(q: mx.array, k: mx.array, mask: mx.array) -> bool:
     return D in HEAD_DIMS and whole and G <= _MAX_GROUP and mask.dtype == mx.bool_
 
 
-def chunks(B: int, kv_heads: int, L: int) -> int:
+def chunks(B: int, kv_heads: int, L: int, blocks: int = TILING.blocks) -> int:
     """How many key chunks each (row, KV head) is split into: enough blocks to fill the GPU,
     none shorter than _MIN_CHUNK keys."""
-    want = -(-_TARGET_BLOCKS // (B * kv_heads))
+    want = -(-blocks // (B * kv_heads))
     return max(1, min(want, -(-L // _MIN_CHUNK)))
+
+
+def warps_for(D: int, G: int, want: int) -> int:
+    """The block's warps, halved until its lane groups' partial sums fit in shared memory."""
+    warps = want
+    while warps > 1 and warps * (32 // (D // 8)) * G * (D + 2) * 4 > _SHARED:
+        warps //= 2
+    return warps
 
 
 @cache
@@ -195,21 +228,22 @@ def _scale(scale: float) -> mx.array:
 
 
 def flash_attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array, tiling: Tiling = TILING
 ) -> mx.array:
     """softmax(q k^T * scale, masked) v for one query per row: q (B, Hq, 1, D), k and v
     (B, Hkv, L, D) with D contiguous, mask boolean with one entry per row and key. Returns
     (B, 1, Hq * D), o_proj's input."""
     B, Hq, _, D = q.shape
     Hkv, L = k.shape[1], k.shape[2]
-    S = chunks(B, Hkv, L)
+    G = Hq // Hkv
+    S, W = chunks(B, Hkv, L, tiling.blocks), warps_for(D, G, tiling.warps)
     partials, combine = _kernels()
     f32 = mx.float32
     part_o, part_m, part_l = partials(  # type: ignore[operator]
         inputs=[q, k, v, mask, _scale(scale)],
-        template=[("T", q.dtype), ("D", D), ("G", Hq // Hkv), ("NW", _WARPS)],
-        grid=(S * _WARPS * 32, Hkv, B),
-        threadgroup=(_WARPS * 32, 1, 1),
+        template=[("T", q.dtype), ("D", D), ("G", G), ("NW", W), ("KT", tiling.keys)],
+        grid=(S * W * 32, Hkv, B),
+        threadgroup=(W * 32, 1, 1),
         output_shapes=[(B, Hq, S, D), (B, Hq, S), (B, Hq, S)],
         output_dtypes=[f32, f32, f32],
     )

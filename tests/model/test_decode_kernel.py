@@ -22,6 +22,8 @@ def test_chunks_fill_the_gpu_and_never_go_below_the_minimum_chunk() -> None:
     assert dk.chunks(1, 8, 4096) == 4096 // dk._MIN_CHUNK  # one row: as many as keys allow
     assert dk.chunks(8, 8, 100) == 2 and dk.chunks(64, 8, 4096) == 3
     assert dk.chunks(200, 8, 4096) == 1
+    assert dk.chunks(32, 8, 4096, blocks=2112) == 9
+    assert dk.warps_for(128, 2, 8) == 8 and dk.warps_for(128, 8, 8) == 4  # 48 KB of shared
 
 
 @no_cuda
