@@ -7,7 +7,7 @@ rounding is not (no bfloat16 scores or weights): it changes bits, like folded at
 and exists only on MLX's CUDA backend.
 
 Measured on the H200 (session 20): 3-7x closer to the float32 formula than folded, and faster
-than it at short contexts (1.2-1.7x at 512 keys), but slower at 4k keys (0.85x at 0.6B, 0.66x
+than it at short contexts (1.5-1.7x at 512 keys), but slower at 4k keys (0.85x at 0.6B, 0.66x
 at 8B, 32 rows): its SIMT dot products and per-key rescales cost more than cuBLAS's two reads.
 """
 
