@@ -145,7 +145,7 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         "llama, mistral, qwen2, qwen3, qwen3_moe; keep mlx on Metal) or folded+fused (also "
         "q/k/v and gate/up as one matmul each: fewer kernel calls on CUDA, copies those "
         "weights, e.g. +9 GB for an 8B model) or flash / flash+fused (the attention as two "
-        "CUDA kernels reading each key once, float32 softmax: CUDA only, changes bits)",
+        "CUDA kernels, float32 softmax: CUDA only, changes bits, faster only at short contexts)",
     )
     g.add_argument(
         "--prefill-clear-cache",

@@ -1,14 +1,14 @@
 """Flash-decoding attention for a batched one-token step, as two CUDA kernels (opt-in:
 `--batched-attention flash`). Folded attention (folded_attention.py) runs MLX's formula as ~6
-kernels a layer and reads the keys twice (scores, then weights x values). Here each block
-streams a chunk of one row's keys and values once, with an online softmax in float32 for its KV
-head's whole query group; a second kernel merges the chunks. The formula is the same, the
-rounding is not (no bfloat16 scores or weights): it changes bits, like folded attention on CUDA,
-and exists only on MLX's CUDA backend.
+kernels a layer (scores, mask, softmax, weights x values), with bfloat16 scores and weights
+between them in memory. Here each block streams a chunk of one row's keys and values, with an
+online softmax in float32 for its KV head's whole query group; a second kernel merges the
+chunks. The formula is the same, the rounding is not (no bfloat16 scores or weights): it changes
+bits, like folded attention on CUDA, and exists only on MLX's CUDA backend.
 
 Measured on the H200 (session 20): 3-7x closer to the float32 formula than folded, and faster
 than it at short contexts (1.5-1.7x at 512 keys), but slower at 4k keys (0.85x at 0.6B, 0.66x
-at 8B, 32 rows): its SIMT dot products and per-key rescales cost more than cuBLAS's two reads.
+at 8B, 32 rows): its SIMT dot products and per-key rescales cost more than cuBLAS's two matmuls.
 """
 
 import os
