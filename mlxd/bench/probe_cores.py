@@ -10,27 +10,15 @@ of time moves between passes. docs/performance.md §1.
 import os
 import statistics
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 
-from ..model.folded_attention import folded
+from ..model.folded_attention import for_mode
 from .models import attention_dims, build_random, rows_parser
+from .probe_attention import timed
 from .probe_ops import step_fn
-
-
-def timed(step: Callable[[], Any], warm: int, steps: int) -> float:
-    """Median ms of a step built and evaluated on this thread."""
-    for _ in range(warm):
-        mx.eval(step())
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        mx.eval(step())
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
 
 
 def sweep(steps: dict[int, Callable[[], Any]], cpus: list[int], passes: int, n: int) -> dict:
@@ -42,7 +30,7 @@ def sweep(steps: dict[int, Callable[[], Any]], cpus: list[int], passes: int, n: 
             for cpu in cpus:
                 os.sched_setaffinity(0, {cpu})  # this thread only (Linux: pid 0 is the caller)
                 for rows, step in steps.items():
-                    out.setdefault((rows, cpu), []).append(timed(step, 3, n))
+                    out.setdefault((rows, cpu), []).append(timed(step, n))
     finally:
         os.sched_setaffinity(0, everyone)
     return out
@@ -58,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     bm = build_random(args.shape, "bfloat16")
     _, kv, D, _ = attention_dims(args.shape)
-    fused = folded(bm.model, fuse=True) if args.mode == "folded+fused" else bm.model
+    fused = for_mode(bm.model, args.mode)
     room = len(cpus) * args.passes * (args.steps + 3) + 8
     steps = {
         rows: step_fn(bm.model if rows == 1 else fused, rows, args.context, kv, D, room)

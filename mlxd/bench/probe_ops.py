@@ -21,7 +21,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..model.decode_kernel import available
-from ..model.folded_attention import for_mode, is_flash
+from ..model.folded_attention import MODES, for_mode, is_flash
 from .models import attention_dims, build_random, rows_parser
 from .probe_graphs import _caches
 
@@ -29,7 +29,6 @@ from .probe_graphs import _caches
 VIEWS = frozenset(
     "Broadcast Reshape Slice Split Transpose ExpandDims Squeeze Flatten Unflatten".split()
 )
-MODES = ("mlx", "folded", "folded+fused", "flash", "flash+fused")  # flash: CUDA only
 
 
 def primitives(*roots: mx.array) -> collections.Counter:
