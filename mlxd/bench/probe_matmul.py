@@ -1,18 +1,25 @@
-"""Few-row bf16 matmuls on CUDA (MLX's gemv at one row, cuBLASLt above), per layer shape, then
-whole decode steps with MLX's attention and with folded attention (docs/performance.md, §1).
+"""Few-row bf16 matmuls on CUDA (MLX's gemv at one row, cuBLASLt above, or gather_mm's own
+kernel: the +gemm modes), per layer shape, then whole decode steps with MLX's attention and with
+folded attention (docs/performance.md, §1).
 
     python -m mlxd.bench.probe_matmul --shape qwen3-8b --rows 1 2 8 32 --contexts 512 4096
 
 Each timing multiplies one row block by a full model's worth of distinct weights (every layer's
-projections), so no weight stays in L2; GB/s is the weights read per second. A tensor-core kernel
-for 2-32 rows was tried against these numbers and not kept (commit 3d3e677, performance.md).
+projections), so no weight stays in L2; GB/s is the weights read per second; host is the time
+to build and encode the calls (until `mx.async_eval` returns). A tensor-core kernel for 2-32
+rows was tried against these numbers and not kept (commit 3d3e677, performance.md).
 """
+
+import statistics
+import time
+from collections.abc import Callable
 
 import mlx.core as mx
 
 from ..model.folded_attention import folded
+from ..model.row_matmul import RowsMatmul, available
 from .models import SHAPES, build_random, rows_parser
-from .probe_attention import step_row, timed
+from .probe_attention import step_row
 
 
 def _linear_shapes(cfg: dict) -> list[tuple[str, int, int]]:
@@ -28,21 +35,36 @@ def matmul_rows(cfg: dict, rows: list[int]) -> None:
         ws = [mx.random.normal((N, K)).astype(mx.bfloat16) * 0.02 for _ in range(layers)]
         mx.eval(ws)
         gb = layers * N * K * 2 / 1e9
+        rows_of = [RowsMatmul(w) for w in ws]
         for M in rows:
-            x = mx.random.normal((M, K)).astype(mx.bfloat16)
+            x = mx.random.normal((M, 1, K)).astype(mx.bfloat16)
             mx.eval(x)
-            t = timed(lambda x=x, ws=ws: [x @ w.T for w in ws])
-            line = f"{name:8s} N={N:6d} K={K:6d} M={M:2d}: {t:6.3f} ms ({gb / t * 1e3:6.0f} GB/s)"
-            if M > 1:  # each row as its own vector against a broadcast weight: gemv per row?
-                t = timed(lambda x=x, ws=ws: [per_row(x, w) for w in ws])
-                line += f" | per-row gemv {t:6.3f} ms"
-            print(line)
+            host, t = host_timed(lambda x=x, ws=ws: [x @ w.T for w in ws])
+            line = (
+                f"{name:8s} N={N:6d} K={K:6d} M={M:2d}: {t:6.3f} ms ({gb / t * 1e3:6.0f} GB/s, "
+                f"host {host:6.3f})"
+            )
+            if M > 1 and available() is None:  # the +gemm modes' gather_mm; its bf16 vs cuBLAS's
+                host, t = host_timed(lambda x=x, rs=rows_of: [r(x) for r in rs])
+                diff = mx.abs(rows_of[0](x) - x @ ws[0].T).max().item()
+                line += f" | gather_mm {t:6.3f} ms (host {host:6.3f}, max diff {diff:.2e})"
+            print(line, flush=True)
 
 
-def per_row(x: mx.array, w: mx.array) -> mx.array:
-    """x @ w.T with every row a batch of one (M = 1 per batch, the weight broadcast)."""
-    M, K = x.shape
-    return (x.reshape(M, 1, K) @ mx.broadcast_to(w.T, (M, K, w.shape[0]))).reshape(M, -1)
+def host_timed(fn: Callable[[], object], n: int = 6) -> tuple[float, float]:
+    """Median ms to build and encode fn's graph (until async_eval returns), and to finish it."""
+    hosts, totals = [], []
+    for _ in range(n + 2):
+        mx.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        mx.async_eval(out)
+        t1 = time.perf_counter()
+        mx.eval(out)
+        mx.synchronize()
+        hosts.append(t1 - t0)
+        totals.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(hosts[2:]), 1000 * statistics.median(totals[2:])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import row_matmul
 from .decode_kernel import available, flash_attention, supports
 from .fused_projections import Stacked, fused_mlp, stacked_qkv
 
@@ -24,8 +25,12 @@ from .fused_projections import Stacked, fused_mlp, stacked_qkv
 # the cache offset, cache update, attention, o_proj (tests/model/test_folded_attention.py).
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 # folded+fused: also q/k/v and gate/up as one matmul each (model/fused_projections.py);
-# flash: the attention itself as two CUDA kernels (model/decode_kernel.py, CUDA only).
-MODES = ("mlx", "folded", "folded+fused", "flash", "flash+fused")
+# flash: the attention itself as two CUDA kernels (model/decode_kernel.py, CUDA only);
+# +gemm: the step's projections and head through gather_mm, not cuBLASLt (model/row_matmul.py).
+MODES = (
+    "mlx", "folded", "folded+fused", "folded+fused+gemm", "flash", "flash+fused",
+    "flash+fused+gemm",
+)  # fmt: skip
 
 
 def is_folded(mode: str) -> bool:
@@ -34,7 +39,11 @@ def is_folded(mode: str) -> bool:
 
 
 def is_fused(mode: str) -> bool:
-    return mode.endswith("+fused")
+    return "+fused" in mode
+
+
+def is_gemm(mode: str) -> bool:
+    return mode.endswith("+gemm")
 
 
 def is_flash(mode: str) -> bool:
@@ -45,12 +54,19 @@ def for_mode(model: nn.Module, mode: str) -> nn.Module:
     """The model a batch of this --batched-attention mode steps."""
     if not is_folded(mode):
         return model
-    return folded(model, fuse=is_fused(mode), flash=is_flash(mode))
+    return folded(model, fuse=is_fused(mode), flash=is_flash(mode), gemm=is_gemm(mode))
+
+
+def missing(mode: str) -> str | None:
+    """What this machine lacks for this --batched-attention mode (CUDA kernels), or None."""
+    if is_flash(mode) and (why := available()) is not None:
+        return why
+    return row_matmul.available() if is_gemm(mode) else None
 
 
 def unsupported(model: Any, mode: str = "folded") -> str | None:
     """Why this --batched-attention mode cannot serve this model here, or None."""
-    if is_flash(mode) and (why := available()) is not None:
+    if (why := missing(mode)) is not None:
         return why
     kind = getattr(getattr(model, "args", None), "model_type", None)
     if kind not in SUPPORTED:
@@ -59,12 +75,17 @@ def unsupported(model: Any, mode: str = "folded") -> str | None:
 
 
 def folded(
-    model: nn.Module, align: int | None = None, fuse: bool = False, flash: bool = False
+    model: nn.Module,
+    align: int | None = None,
+    fuse: bool = False,
+    flash: bool = False,
+    gemm: bool = False,
 ) -> nn.Module:
     """A model sharing `model`'s weights whose batched decode attention is folded, over keys
     padded to a multiple of `align` (default: `key_alignment()`); `fuse`: its batched decode
     steps also run q/k/v and gate/up as one matmul each, over copies of those weights; `flash`:
-    the attention runs as decode_kernel.py's CUDA kernels (no padding needed)."""
+    the attention runs as decode_kernel.py's CUDA kernels (no padding needed); `gemm`: those
+    steps' projections and output head run through row_matmul's gather_mm (with `fuse`)."""
     align = key_alignment() if align is None else align
     if (why := unsupported(model, "flash" if flash else "folded")) is not None:
         raise ValueError(why)
@@ -74,13 +95,16 @@ def folded(
     masks = AlignedMasks()  # one per model: every layer of a step gets the same mask
     for layer in model.model.layers:
         twin = copy.copy(layer)
-        twin.self_attn = FoldedAttention(layer.self_attn, align, masks, flash)
+        attn = row_matmul.with_rows(layer.self_attn, "o_proj") if gemm else layer.self_attn
+        twin.self_attn = FoldedAttention(attn, align, masks, flash)
         if fuse:
-            twin.self_attn.qkv = stacked_qkv(layer.self_attn)
-            twin.mlp = fused_mlp(layer.mlp)
+            twin.self_attn.qkv = stacked_qkv(layer.self_attn, gemm)
+            twin.mlp = fused_mlp(layer.mlp, gemm)
         layers.append(twin)
     inner.layers = layers
     shadow.model = inner
+    if gemm:
+        row_matmul.rows_head(shadow, inner)
     return shadow
 
 
