@@ -29,9 +29,15 @@ def _linear_shapes(cfg: dict) -> list[tuple[str, int, int]]:
     return [("q", q, h), ("k/v", kv, h), ("o", h, q), ("gate/up", f, h), ("down", h, f)]
 
 
+def _fused_shapes(cfg: dict) -> list[tuple[str, int, int]]:
+    """The folded+fused step's stacked projections and its output head."""
+    (_, q, h), (_, kv, _), _, (_, f, _), _ = _linear_shapes(cfg)
+    return [("qkv", q + 2 * kv, h), ("gate_up", 2 * f, h), ("head", cfg["vocab_size"], h)]
+
+
 def matmul_rows(cfg: dict, rows: list[int]) -> None:
-    layers = cfg["num_hidden_layers"]
-    for name, N, K in _linear_shapes(cfg):
+    for name, N, K in _linear_shapes(cfg) + _fused_shapes(cfg):
+        layers = 4 if name == "head" else cfg["num_hidden_layers"]  # the head: 4 copies
         ws = [mx.random.normal((N, K)).astype(mx.bfloat16) * 0.02 for _ in range(layers)]
         mx.eval(ws)
         gb = layers * N * K * 2 / 1e9

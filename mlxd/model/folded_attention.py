@@ -93,17 +93,19 @@ def folded(
     inner = copy.copy(model.model)
     layers = []
     masks = AlignedMasks()  # one per model: every layer of a step gets the same mask
+    parts = row_matmul.parts() if gemm else frozenset()
     for layer in model.model.layers:
         twin = copy.copy(layer)
-        attn = row_matmul.with_rows(layer.self_attn, "o_proj") if gemm else layer.self_attn
+        attn = layer.self_attn
+        attn = row_matmul.with_rows(attn, "o_proj") if "o" in parts else attn
         twin.self_attn = FoldedAttention(attn, align, masks, flash)
         if fuse:
-            twin.self_attn.qkv = stacked_qkv(layer.self_attn, gemm)
-            twin.mlp = fused_mlp(layer.mlp, gemm)
+            twin.self_attn.qkv = stacked_qkv(layer.self_attn, "qkv" in parts)
+            twin.mlp = fused_mlp(layer.mlp, "gate_up" in parts, "down" in parts)
         layers.append(twin)
     inner.layers = layers
     shadow.model = inner
-    if gemm:
+    if "head" in parts:
         row_matmul.rows_head(shadow, inner)
     return shadow
 

@@ -76,9 +76,9 @@ class FusedMLP(nn.Module):
     """Wraps one swiglu MLP: a one-token step of several rows runs gate and up as one matmul;
     anything else goes to the original module, op for op."""
 
-    def __init__(self, inner: nn.Module, gemm: bool = False) -> None:
+    def __init__(self, inner: nn.Module, gemm: bool = False, gemm_down: bool = False) -> None:
         super().__init__()
-        self.inner = with_rows(inner, "down_proj") if gemm else inner
+        self.inner = with_rows(inner, "down_proj") if gemm_down else inner
         self._gate_up = Stacked([inner.gate_proj, inner.up_proj], gemm)
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -88,11 +88,12 @@ class FusedMLP(nn.Module):
         return self.inner.down_proj(swiglu(gate, up))
 
 
-def fused_mlp(mlp: Any, gemm: bool = False) -> Any:
-    """`mlp` wrapped in FusedMLP where its class and projections allow, else `mlp` itself."""
+def fused_mlp(mlp: Any, gemm: bool = False, gemm_down: bool = False) -> Any:
+    """`mlp` wrapped in FusedMLP where its class and projections allow, else `mlp` itself;
+    `gemm` / `gemm_down`: gate/up / down through row_matmul in a batched decode step."""
     if type(mlp) not in _swiglu_mlps() or not stackable([mlp.gate_proj, mlp.up_proj]):
         return mlp
-    return FusedMLP(mlp, gemm)
+    return FusedMLP(mlp, gemm, gemm_down)
 
 
 def stacked_qkv(attn: Any, gemm: bool = False) -> Stacked | None:

@@ -10,10 +10,20 @@ the mode is opt-in; on the CPU in float32 it gives the matmul's bits (tests/mode
 """
 
 import copy
+import os
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+
+PARTS = ("qkv", "o", "gate_up", "down", "head")
+
+
+def parts() -> frozenset[str]:
+    """The projections the +gemm modes route (MLXD_GEMM_PARTS, comma-separated; default all):
+    a knob for probes that time each part's kernel in the whole step."""
+    chosen = os.environ.get("MLXD_GEMM_PARTS")
+    return frozenset(PARTS if chosen is None else chosen.split(","))
 
 
 def available() -> str | None:

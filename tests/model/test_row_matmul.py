@@ -19,6 +19,8 @@ from mlxd.model import row_matmul as rm
 
 cuda = pytest.mark.skipif(not mx.cuda.is_available(), reason="the bf16 kernel needs MLX-CUDA")
 no_cuda = pytest.mark.skipif(mx.cuda.is_available(), reason="on CUDA the modes are served")
+# Bit-equality is the CPU's float32 gather_mm; CUDA's kernel rounds otherwise (tested below).
+cpu_bits = pytest.mark.skipif(mx.cuda.is_available(), reason="CUDA's gather_mm rounds otherwise")
 
 
 @pytest.fixture
@@ -35,6 +37,7 @@ def gathers(monkeypatch) -> list[tuple[int, int]]:
     return seen
 
 
+@cpu_bits
 @pytest.mark.parametrize("rows", [2, 8, 33])
 def test_rows_matmul_equals_the_matmul_in_float32(rows: int) -> None:
     mx.random.seed(rows)
@@ -45,6 +48,7 @@ def test_rows_matmul_equals_the_matmul_in_float32(rows: int) -> None:
     assert mx.array_equal(got, x @ w.T).item()
 
 
+@cpu_bits
 def test_rows_linear_takes_only_a_batched_step(gathers) -> None:
     mx.random.seed(1)
     lin = nn.Linear(64, 48, bias=True)
@@ -61,6 +65,7 @@ def test_rows_linear_takes_only_a_batched_step(gathers) -> None:
     assert rm.rows_linear(nn.QuantizedLinear.from_linear(lin, group_size=32, bits=4)) is None
 
 
+@cpu_bits
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3_moe", "qwen2"])
 def test_gemm_model_equals_folded_fused_bit_for_bit(arch, tiny_model, gathers) -> None:
     model = qwen2_model() if arch == "qwen2" else load_model(tiny_model, arch)
@@ -78,6 +83,17 @@ def test_gemm_model_equals_folded_fused_bit_for_bit(arch, tiny_model, gathers) -
     assert type(model.model.embed_tokens) is nn.Embedding  # the caller's model is untouched
     assert "lm_head" not in model or type(model.lm_head) is nn.Linear
     assert all(type(lay.self_attn.o_proj) is nn.Linear for lay in layers)
+
+
+def test_the_parts_knob_routes_only_the_named_projections(tiny_model, gathers, monkeypatch):
+    model = load_model(tiny_model, "qwen3")
+    monkeypatch.setenv("MLXD_GEMM_PARTS", "o,head")
+    shadow = fa.folded(model, fuse=True, gemm=True)
+    layer = shadow.model.layers[0]
+    assert type(layer.self_attn.inner.o_proj) is rm.RowsLinear
+    assert layer.self_attn.qkv.rows is None and layer.mlp._gate_up.rows is None
+    assert type(layer.mlp.inner.down_proj) is nn.Linear
+    assert type(shadow.model.embed_tokens) is rm.RowsEmbedding
 
 
 def test_quantized_layers_keep_their_own_kernels(tiny_model, gathers) -> None:
