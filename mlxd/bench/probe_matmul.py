@@ -1,13 +1,16 @@
-"""Few-row bf16 matmuls on CUDA (MLX's gemv at one row, cuBLASLt above, or gather_mm's own
-kernel: the +gemm modes), per layer shape, then whole decode steps with MLX's attention and with
-folded attention (docs/performance.md, §1).
+"""Few-row bf16 matmuls on CUDA (MLX's gemv at one row, cuBLASLt above, and MLX's own CUTLASS
+kernel behind `mx.gather_mm`), per layer shape, then whole decode steps with MLX's attention and
+with folded attention (docs/performance.md, §1).
 
     python -m mlxd.bench.probe_matmul --shape qwen3-8b --rows 1 2 8 32 --contexts 512 4096
 
 Each timing multiplies one row block by a full model's worth of distinct weights (every layer's
 projections), so no weight stays in L2; GB/s is the weights read per second; host is the time
-to build and encode the calls (until `mx.async_eval` returns). A tensor-core kernel for 2-32
-rows was tried against these numbers and not kept (commit 3d3e677, performance.md).
+to build and encode the calls (until `mx.async_eval` returns). The calls are independent, so
+with CUDA graphs on MLX's graph may run them side by side: a step, where each projection waits
+for the one before, sees a kernel's whole latency (session 21: gather_mm looked faster here and
+made whole steps slower). A tensor-core kernel for 2-32 rows was tried against these numbers
+and not kept (commit 3d3e677), nor was gather_mm (commit 15ffa20).
 """
 
 import statistics
@@ -17,7 +20,6 @@ from collections.abc import Callable
 import mlx.core as mx
 
 from ..model.folded_attention import folded
-from ..model.row_matmul import RowsMatmul, available
 from .models import SHAPES, build_random, rows_parser
 from .probe_attention import step_row
 
@@ -41,7 +43,7 @@ def matmul_rows(cfg: dict, rows: list[int]) -> None:
         ws = [mx.random.normal((N, K)).astype(mx.bfloat16) * 0.02 for _ in range(layers)]
         mx.eval(ws)
         gb = layers * N * K * 2 / 1e9
-        rows_of = [RowsMatmul(w) for w in ws]
+        views = [mx.expand_dims(w, 0).swapaxes(1, 2) for w in ws]  # gather_mm's (1, K, N), no copy
         for M in rows:
             x = mx.random.normal((M, 1, K)).astype(mx.bfloat16)
             mx.eval(x)
@@ -50,11 +52,18 @@ def matmul_rows(cfg: dict, rows: list[int]) -> None:
                 f"{name:8s} N={N:6d} K={K:6d} M={M:2d}: {t:6.3f} ms ({gb / t * 1e3:6.0f} GB/s, "
                 f"host {host:6.3f})"
             )
-            if M > 1 and available() is None:  # the +gemm modes' gather_mm; its bf16 vs cuBLAS's
-                host, t = host_timed(lambda x=x, rs=rows_of: [r(x) for r in rs])
-                diff = mx.abs(rows_of[0](x) - x @ ws[0].T).max().item()
+            if M > 1 and mx.cuda.is_available():  # gather_mm (bf16 on CUDA only) vs cuBLAS
+                host, t = host_timed(lambda x=x, vs=views: [gathered(x, v) for v in vs])
+                diff = mx.abs(gathered(x, views[0]) - x @ ws[0].T).max().item()
                 line += f" | gather_mm {t:6.3f} ms (host {host:6.3f}, max diff {diff:.2e})"
             print(line, flush=True)
+
+
+def gathered(x: mx.array, view: mx.array) -> mx.array:
+    """x (M, 1, K) @ the weight behind `view`, through gather_mm's kernel instead of cuBLASLt."""
+    M, _, K = x.shape
+    index = mx.zeros((1,), mx.uint32)
+    return mx.gather_mm(x.reshape(1, M, K), view, index, index).reshape(M, 1, -1)
 
 
 def host_timed(fn: Callable[[], object], n: int = 6) -> tuple[float, float]:

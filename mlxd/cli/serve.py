@@ -145,9 +145,7 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         "llama, mistral, qwen2, qwen3, qwen3_moe; keep mlx on Metal) or folded+fused (also "
         "q/k/v and gate/up as one matmul each: fewer kernel calls on CUDA, copies those "
         "weights, e.g. +9 GB for an 8B model) or flash / flash+fused (the attention as two "
-        "CUDA kernels, float32 softmax: CUDA only, changes bits, faster only at short contexts); "
-        "a +gemm mode also runs the step's projections and head through gather_mm instead of "
-        "cuBLASLt (less host time a call on CUDA; CUDA only, changes bits)",
+        "CUDA kernels, float32 softmax: CUDA only, changes bits, faster only at short contexts)",
     )
     g.add_argument(
         "--prefill-clear-cache",

@@ -17,7 +17,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import row_matmul
 from .decode_kernel import available, flash_attention, supports
 from .fused_projections import Stacked, fused_mlp, stacked_qkv
 
@@ -25,12 +24,8 @@ from .fused_projections import Stacked, fused_mlp, stacked_qkv
 # the cache offset, cache update, attention, o_proj (tests/model/test_folded_attention.py).
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 # folded+fused: also q/k/v and gate/up as one matmul each (model/fused_projections.py);
-# flash: the attention itself as two CUDA kernels (model/decode_kernel.py, CUDA only);
-# +gemm: the step's projections and head through gather_mm, not cuBLASLt (model/row_matmul.py).
-MODES = (
-    "mlx", "folded", "folded+fused", "folded+fused+gemm", "flash", "flash+fused",
-    "flash+fused+gemm",
-)  # fmt: skip
+# flash: the attention itself as two CUDA kernels (model/decode_kernel.py, CUDA only).
+MODES = ("mlx", "folded", "folded+fused", "flash", "flash+fused")
 
 
 def is_folded(mode: str) -> bool:
@@ -39,11 +34,7 @@ def is_folded(mode: str) -> bool:
 
 
 def is_fused(mode: str) -> bool:
-    return "+fused" in mode
-
-
-def is_gemm(mode: str) -> bool:
-    return mode.endswith("+gemm")
+    return mode.endswith("+fused")
 
 
 def is_flash(mode: str) -> bool:
@@ -54,14 +45,12 @@ def for_mode(model: nn.Module, mode: str) -> nn.Module:
     """The model a batch of this --batched-attention mode steps."""
     if not is_folded(mode):
         return model
-    return folded(model, fuse=is_fused(mode), flash=is_flash(mode), gemm=is_gemm(mode))
+    return folded(model, fuse=is_fused(mode), flash=is_flash(mode))
 
 
 def missing(mode: str) -> str | None:
-    """What this machine lacks for this --batched-attention mode (CUDA kernels), or None."""
-    if is_flash(mode) and (why := available()) is not None:
-        return why
-    return row_matmul.available() if is_gemm(mode) else None
+    """What this machine lacks for this --batched-attention mode (flash's CUDA), or None."""
+    return available() if is_flash(mode) else None
 
 
 def unsupported(model: Any, mode: str = "folded") -> str | None:
@@ -75,17 +64,12 @@ def unsupported(model: Any, mode: str = "folded") -> str | None:
 
 
 def folded(
-    model: nn.Module,
-    align: int | None = None,
-    fuse: bool = False,
-    flash: bool = False,
-    gemm: bool = False,
+    model: nn.Module, align: int | None = None, fuse: bool = False, flash: bool = False
 ) -> nn.Module:
     """A model sharing `model`'s weights whose batched decode attention is folded, over keys
     padded to a multiple of `align` (default: `key_alignment()`); `fuse`: its batched decode
     steps also run q/k/v and gate/up as one matmul each, over copies of those weights; `flash`:
-    the attention runs as decode_kernel.py's CUDA kernels (no padding needed); `gemm`: those
-    steps' projections and output head run through row_matmul's gather_mm (with `fuse`)."""
+    the attention runs as decode_kernel.py's CUDA kernels (no padding needed)."""
     align = key_alignment() if align is None else align
     if (why := unsupported(model, "flash" if flash else "folded")) is not None:
         raise ValueError(why)
@@ -93,20 +77,15 @@ def folded(
     inner = copy.copy(model.model)
     layers = []
     masks = AlignedMasks()  # one per model: every layer of a step gets the same mask
-    parts = row_matmul.parts() if gemm else frozenset()
     for layer in model.model.layers:
         twin = copy.copy(layer)
-        attn = layer.self_attn
-        attn = row_matmul.with_rows(attn, "o_proj") if "o" in parts else attn
-        twin.self_attn = FoldedAttention(attn, align, masks, flash)
+        twin.self_attn = FoldedAttention(layer.self_attn, align, masks, flash)
         if fuse:
-            twin.self_attn.qkv = stacked_qkv(layer.self_attn, "qkv" in parts)
-            twin.mlp = fused_mlp(layer.mlp, "gate_up" in parts, "down" in parts)
+            twin.self_attn.qkv = stacked_qkv(layer.self_attn)
+            twin.mlp = fused_mlp(layer.mlp)
         layers.append(twin)
     inner.layers = layers
     shadow.model = inner
-    if "head" in parts:
-        row_matmul.rows_head(shadow, inner)
     return shadow
 
 

@@ -15,15 +15,12 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.activations import swiglu
 
-from .row_matmul import RowsMatmul, few_rows, with_rows
-
 
 class Stacked:
     """Linear or QuantizedLinear layers of one kind fed the same input, as one matmul over
-    their weights stacked by output row; `__call__` returns each layer's output. `gemm`: a
-    batched decode step's rows go through row_matmul's gather_mm (unquantized weights)."""
+    their weights stacked by output row; `__call__` returns each layer's output."""
 
-    def __init__(self, linears: list[nn.Module], gemm: bool = False) -> None:
+    def __init__(self, linears: list[nn.Module]) -> None:
         first = linears[0]
         self.quant = isinstance(first, nn.QuantizedLinear)
         if self.quant:
@@ -32,14 +29,10 @@ class Stacked:
         self.arrays = {k: mx.concatenate([lin[k] for lin in linears], axis=0) for k in keys}
         rows = [lin["weight"].shape[0] for lin in linears]
         self.edges = list(itertools.accumulate(rows))[:-1]
-        self.rows = RowsMatmul(self.arrays["weight"]) if gemm and not self.quant else None
 
     def __call__(self, x: mx.array) -> list[mx.array]:
         a = self.arrays
-        if self.rows is not None and few_rows(x):
-            y = self.rows(x)
-            y = y + a["bias"] if "bias" in a else y
-        elif self.quant:
+        if self.quant:
             y = mx.quantized_matmul(
                 x, a["weight"], scales=a["scales"], biases=a.get("biases"), transpose=True,
                 group_size=self.group_size, bits=self.bits, mode=self.mode,
@@ -76,30 +69,29 @@ class FusedMLP(nn.Module):
     """Wraps one swiglu MLP: a one-token step of several rows runs gate and up as one matmul;
     anything else goes to the original module, op for op."""
 
-    def __init__(self, inner: nn.Module, gemm: bool = False, gemm_down: bool = False) -> None:
+    def __init__(self, inner: nn.Module) -> None:
         super().__init__()
-        self.inner = with_rows(inner, "down_proj") if gemm_down else inner
-        self._gate_up = Stacked([inner.gate_proj, inner.up_proj], gemm)
+        self.inner = inner
+        self._gate_up = Stacked([inner.gate_proj, inner.up_proj])
 
     def __call__(self, x: mx.array) -> mx.array:
-        if not few_rows(x):
+        if x.ndim != 3 or x.shape[1] != 1 or x.shape[0] < 2:
             return self.inner(x)
         gate, up = self._gate_up(x)
         return self.inner.down_proj(swiglu(gate, up))
 
 
-def fused_mlp(mlp: Any, gemm: bool = False, gemm_down: bool = False) -> Any:
-    """`mlp` wrapped in FusedMLP where its class and projections allow, else `mlp` itself;
-    `gemm` / `gemm_down`: gate/up / down through row_matmul in a batched decode step."""
+def fused_mlp(mlp: Any) -> Any:
+    """`mlp` wrapped in FusedMLP where its class and projections allow, else `mlp` itself."""
     if type(mlp) not in _swiglu_mlps() or not stackable([mlp.gate_proj, mlp.up_proj]):
         return mlp
-    return FusedMLP(mlp, gemm, gemm_down)
+    return FusedMLP(mlp)
 
 
-def stacked_qkv(attn: Any, gemm: bool = False) -> Stacked | None:
+def stacked_qkv(attn: Any) -> Stacked | None:
     """One matmul for an attention module's q, k and v projections, or None."""
     parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
-    return Stacked(parts, gemm) if None not in parts and stackable(parts) else None
+    return Stacked(parts) if None not in parts and stackable(parts) else None
 
 
 def stacked_bytes(model: Any) -> int:

@@ -45,7 +45,7 @@ def test_probe_matmul_prints_each_shape_and_whole_steps(capsys) -> None:
     probe_matmul.main(["--shape", "qwen3-host", "--rows", "1", "2", "--contexts", "64"])
     lines = capsys.readouterr().out.splitlines()
     sweep = [line for line in lines if re.match(r"\S+ +N= *\d+ K= *\d+ M= [12]: +[\d.]+ ms", line)]
-    assert len(sweep) == 5 * 2  # q, k/v, o, gate/up, down at 1 and 2 rows
+    assert len(sweep) == 8 * 2  # q, k/v, o, gate/up, down, the stacked qkv, gate_up, the head
     steps = [line for line in lines if "whole step" in line]
     assert len(steps) == 2 and all(line.count("whole step") == 2 for line in steps)
 
