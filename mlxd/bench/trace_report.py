@@ -1,5 +1,6 @@
 """Read an engine trace (MLXD_TRACE, engine/trace.py): the turns where rows joined or the loop
-stalled, and the decode step's median per batch size, as the H200 runs were read (session 13).
+stalled, and the decode step's median per batch size (mlx-lm's step, and the loop's whole turn
+around it), as the H200 runs were read (session 13).
 
     python -m mlxd.bench.trace_report trace.jsonl [--stall 0.05]
 """
@@ -44,6 +45,17 @@ def decode_steps(turns: Iterable[dict[str, Any]]) -> dict[int, list[float]]:
     return by
 
 
+def cycles(turns: list[dict[str, Any]]) -> dict[int, list[float]]:
+    """Seconds from each plain decode turn's start to the next turn's: the step plus everything
+    else the engine loop did around it (admission, the row's events, waits for the GIL)."""
+    by: dict[int, list[float]] = {}
+    for x, nxt in zip(turns, turns[1:], strict=False):
+        gens = x.get("gen", [])
+        if len(gens) == 1 and gens[0].get("decode_steps") == 1 and not gens[0].get("prompt_tokens"):
+            by.setdefault(gens[0]["rows"], []).append(nxt["t"] - x["t"])
+    return by
+
+
 def line(x: dict[str, Any]) -> str:
     phases = " ".join(f"{p} {x[p]:.3f}" for p in PHASES if p in x)
     gen = " ".join(
@@ -58,9 +70,11 @@ def line(x: dict[str, Any]) -> str:
 def report(turns: list[dict[str, Any]], stall: float) -> list[str]:
     lines = [f"{len(turns)} turns; events (joins, moves, prefills, phases over {stall}s):"]
     lines += [line(x) for x in events(turns, stall)]
-    lines.append("decode step by rows: median ms (steps)")
+    lines.append("decode step by rows: median ms (steps) | turn to next turn, median ms")
+    loop = cycles(turns)
     for rows, s in sorted(decode_steps(turns).items()):
-        lines.append(f"  {rows:3d} rows: {1e3 * statistics.median(s):7.2f} ms ({len(s)})")
+        cycle = f" | {1e3 * statistics.median(loop[rows]):7.2f}" if rows in loop else ""
+        lines.append(f"  {rows:3d} rows: {1e3 * statistics.median(s):7.2f} ms ({len(s)}){cycle}")
     return lines
 
 

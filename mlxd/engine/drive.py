@@ -141,6 +141,7 @@ class Driving:
         """The engine thread's wait between turns: none while it has rows of its own."""
         if self._driver is None and self._busy():
             return  # the per-token fast path: no lock
+        self._trace.idle()
         with self.admission.wake:
             while not self._has_work():
                 self.admission.wake.wait()

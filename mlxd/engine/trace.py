@@ -5,6 +5,11 @@ A line has the turn's start (`t`, seconds since the engine started), the host ti
 what the paths counter gained (rows admitted serial / batched, moves), and BatchGenerator's
 counters over the turn (prompt tokens and time, decode steps and time). Unset: every call is a
 no-op (`NoTrace`).
+
+Lines are written out once a second, when the engine goes idle and at close, not per turn: a
+write releases the GIL, where the HTTP thread can take it for its burst of frames. The H200
+traces of sessions 13 and 17 (written per turn) have a median 1.3-1.5 ms a 32-row step outside
+every phase, between one turn's line and the next turn (docs/performance.md §1, session 21).
 """
 
 import json
@@ -32,15 +37,19 @@ class NoTrace:
     def end(self, active: Callable[[], list[Any]], waiting: int, paths: Counter[str]) -> None:
         pass
 
+    def idle(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
 class Trace(NoTrace):
+    FLUSH_S = 1.0  # a killed server loses at most this much of a busy stretch
+
     def __init__(self, path: str) -> None:
-        # Line-buffered: a server that is killed keeps the lines of its last turns.
-        self._out: IO[str] = open(path, "a", buffering=1)  # noqa: SIM115 - closed by the engine
-        self._t0 = self._last = time.perf_counter()
+        self._out: IO[str] = open(path, "a", buffering=1 << 20)  # noqa: SIM115 - closed by the engine
+        self._t0 = self._last = self._flushed = time.perf_counter()
         self._paths: Counter[str] = Counter()
         self._rec: dict[str, Any] = {}
         self._before: list[tuple[Any, Any, Counters]] = []
@@ -81,6 +90,13 @@ class Trace(NoTrace):
         if moved:
             self._rec["paths"] = dict(moved)
         self._out.write(json.dumps(self._rec) + "\n")
+        if self._last - self._flushed > self.FLUSH_S:
+            self.idle()
+
+    def idle(self) -> None:
+        """Write out the lines kept so far (the engine is about to wait for work)."""
+        self._out.flush()
+        self._flushed = time.perf_counter()
 
     def close(self) -> None:
         self._out.close()

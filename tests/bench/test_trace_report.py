@@ -4,7 +4,7 @@ import gzip
 import json
 from pathlib import Path
 
-from mlxd.bench.trace_report import decode_steps, events, load, report
+from mlxd.bench.trace_report import cycles, decode_steps, events, load, report
 
 TURNS = [
     {"t": 0.0, "admit": 0.3, "serial": 0.2, "active": 1, "waiting": 0, "paths": {"serial": 1}},
@@ -33,6 +33,12 @@ def test_decode_steps_by_rows_leave_out_prefill_turns() -> None:
     assert decode_steps(TURNS) == {4: [0.020, 0.030], 2: [0.19]}
 
 
+def test_cycles_run_from_a_decode_turn_to_the_next_turn() -> None:
+    got = cycles(TURNS)
+    assert list(got) == [4, 2]
+    assert [round(c, 6) for c in got[4]] == [0.02, 0.03] and [round(c, 6) for c in got[2]] == [0.95]
+
+
 def test_report_reads_plain_and_gzipped_files(tmp_path: Path) -> None:
     text = "".join(json.dumps(x) + "\n" for x in TURNS)
     plain, packed = tmp_path / "t.jsonl", tmp_path / "t.jsonl.gz"
@@ -41,4 +47,4 @@ def test_report_reads_plain_and_gzipped_files(tmp_path: Path) -> None:
         f.write(text)
     assert load(str(plain)) == load(str(packed)) == TURNS
     lines = report(TURNS, 0.05)
-    assert lines[0].startswith("7 turns") and "    4 rows:   25.00 ms (2)" in lines
+    assert lines[0].startswith("7 turns") and "    4 rows:   25.00 ms (2) |   25.00" in lines

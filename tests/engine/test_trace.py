@@ -1,6 +1,8 @@
 """MLXD_TRACE: a JSON line per engine turn, with the phases that ran and what they did."""
 
 import json
+import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,3 +55,39 @@ def test_a_line_per_turn_with_phases_paths_and_batch_counters(
     # step); the batch decodes until the first row ends, then the other drains to serial.
     assert sum(g["prompt_tokens"] for g in gen) == 19
     assert sum(g["decode_steps"] for g in gen) >= 2
+
+
+def test_lines_are_kept_until_a_flush_point_not_written_per_turn(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    trace = Trace(str(path))
+    for _ in range(3):
+        trace.begin()
+        trace.mark("admit")
+        trace.end(lambda: [], 0, Counter())
+    assert path.read_text() == ""  # no write (and no GIL release) per turn
+    trace.idle()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) == 3 and all("admit" in x for x in lines)
+    trace.FLUSH_S = 0.0  # a busy stretch is written out once FLUSH_S has passed
+    trace.begin()
+    trace.mark("admit")
+    trace.end(lambda: [], 0, Counter())
+    assert len(path.read_text().splitlines()) == 4
+    trace.close()
+
+
+def test_an_idle_engine_has_written_its_lines(
+    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MLXD_TRACE", str(path))
+    engine = Engine(model, batch=4)
+    try:
+        engine.submit(GenerationRequest(prompt=mx.array([1, 2, 3]), max_tokens=4)).wait()
+        deadline = time.monotonic() + 10
+        while not path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the engine thread flushes once it waits for work
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        assert lines and all("t" in x for x in lines)
+    finally:
+        engine.close()
