@@ -21,26 +21,28 @@ def model(tiny_model: Callable[..., Path]):
     return load(str(tiny_model("qwen3")))[0]
 
 
+@pytest.fixture
+def traced(model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """(an engine with MLXD_TRACE set, the trace file); the engine is closed afterwards."""
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MLXD_TRACE", str(path))
+    engine = Engine(model, batch=4)
+    yield engine, path
+    engine.close()
+
+
 def test_unset_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLXD_TRACE", raising=False)
     assert type(Trace.from_env()) is NoTrace
 
 
-def test_a_line_per_turn_with_phases_paths_and_batch_counters(
-    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "trace.jsonl"
-    monkeypatch.setenv("MLXD_TRACE", str(path))
-    engine = Engine(model, batch=4)
-    try:
-        first = engine.submit(GenerationRequest(prompt=mx.array([1, 2, 3, 4]), max_tokens=6))
-        next(iter(first))  # the lone row decodes serially before the second joins
-        second = engine.submit(
-            GenerationRequest(prompt=mx.array(list(range(10, 30))), max_tokens=6)
-        )
-        first.wait(), second.wait()
-    finally:
-        engine.close()
+def test_a_line_per_turn_with_phases_paths_and_batch_counters(traced) -> None:
+    engine, path = traced
+    first = engine.submit(GenerationRequest(prompt=mx.array([1, 2, 3, 4]), max_tokens=6))
+    next(iter(first))  # the lone row decodes serially before the second joins
+    second = engine.submit(GenerationRequest(prompt=mx.array(list(range(10, 30))), max_tokens=6))
+    first.wait(), second.wait()
+    engine.close()
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert [x["t"] for x in lines] == sorted(x["t"] for x in lines)
     assert all("admit" in x and x["active"] >= 0 and x["waiting"] >= 0 for x in lines)
@@ -76,18 +78,11 @@ def test_lines_are_kept_until_a_flush_point_not_written_per_turn(tmp_path: Path)
     trace.close()
 
 
-def test_an_idle_engine_has_written_its_lines(
-    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "trace.jsonl"
-    monkeypatch.setenv("MLXD_TRACE", str(path))
-    engine = Engine(model, batch=4)
-    try:
-        engine.submit(GenerationRequest(prompt=mx.array([1, 2, 3]), max_tokens=4)).wait()
-        deadline = time.monotonic() + 10
-        while not path.read_text() and time.monotonic() < deadline:
-            time.sleep(0.01)  # the engine thread flushes once it waits for work
-        lines = [json.loads(x) for x in path.read_text().splitlines()]
-        assert lines and all("t" in x for x in lines)
-    finally:
-        engine.close()
+def test_an_idle_engine_has_written_its_lines(traced) -> None:
+    engine, path = traced
+    engine.submit(GenerationRequest(prompt=mx.array([1, 2, 3]), max_tokens=4)).wait()
+    deadline = time.monotonic() + 10
+    while not path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the engine thread flushes once it waits for work (not closed yet)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines and all("t" in x for x in lines)
