@@ -14,6 +14,7 @@ every phase, between one turn's line and the next turn (docs/performance.md §1,
 
 import json
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -48,7 +49,10 @@ class Trace(NoTrace):
     FLUSH_S = 1.0  # a killed server loses at most this much of a busy stretch
 
     def __init__(self, path: str) -> None:
+        # A 1 MB buffer: no write (and no GIL release) per turn. The lock: a driver's thread can
+        # write a turn's line while the engine thread flushes before it waits (drive.py).
         self._out: IO[str] = open(path, "a", buffering=1 << 20)  # noqa: SIM115 - closed by the engine
+        self._io = threading.Lock()
         self._t0 = self._last = self._flushed = time.perf_counter()
         self._paths: Counter[str] = Counter()
         self._rec: dict[str, Any] = {}
@@ -89,17 +93,20 @@ class Trace(NoTrace):
         self._rec.update(active=len(active()), waiting=waiting)
         if moved:
             self._rec["paths"] = dict(moved)
-        self._out.write(json.dumps(self._rec) + "\n")
+        with self._io:
+            self._out.write(json.dumps(self._rec) + "\n")
         if self._last - self._flushed > self.FLUSH_S:
             self.idle()
 
     def idle(self) -> None:
         """Write out the lines kept so far (the engine is about to wait for work)."""
-        self._out.flush()
+        with self._io:
+            self._out.flush()
         self._flushed = time.perf_counter()
 
     def close(self) -> None:
-        self._out.close()
+        with self._io:
+            self._out.close()
 
 
 def _counters(batch: Any) -> Counters:
