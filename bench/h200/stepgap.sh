@@ -3,7 +3,7 @@
 # fleet's attention mode and graph setting) beside the same step inside the 32-agent fleet (mlxd
 # alone under MLXD_TRACE: trace_report's 32-row median), two passes on one machine. Sessions
 # 18-21 saw the fleet's step at ~12.6-13 ms where the probe's whole step took ~9.6-10 ms, on
-# different machines or runs; this puts both in one call.
+# different machines or runs; this puts both in one call. PASSES=1 runs one pass.
 set -uo pipefail
 source bench/h200/setup.sh || exit 1
 shape=${1:-qwen3-0.6b}
@@ -12,7 +12,7 @@ mode=$(echo "$args" | grep -oE 'attention [a-z+]+' | cut -d' ' -f2)
 graphs=1
 [[ "$args" == *"--cuda-graphs off"* ]] && graphs=0
 model=$(model_dir "$shape")
-for pass in 1 2; do
+for pass in $(seq "${PASSES:-2}"); do
   echo "== pass $pass: $shape, $args" | tee -a "$OUT/stepgap.txt"
   MLX_USE_CUDA_GRAPHS=$graphs python3 -m mlxd.bench.probe_ops --shape "$shape" --rows 32 \
     --context 4096 --modes "${mode:-mlx}" | cut -c1-110 | tee -a "$OUT/stepgap.txt"

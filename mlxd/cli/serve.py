@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import sys
 
 from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.utils import _parse_size
@@ -171,6 +172,14 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         "model decode 1.5x faster on an H200 and one lone row slower (docs/performance.md)",
     )
     g.add_argument(
+        "--switch-interval",
+        type=_switch_interval,
+        default=None,
+        help="seconds a thread may hold the GIL while another waits for it (Python's "
+        "sys.setswitchinterval; default: Python's 0.005), or 'engine': Python's while the "
+        "engine builds a batched step, 0.2 ms around its device waits (engine/gil.py)",
+    )
+    g.add_argument(
         "--max-queue",
         type=int,
         default=256,
@@ -269,6 +278,18 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
     _defaults.update({a.dest: a.default for a in p._actions if a.dest != "help"})
 
 
+def _switch_interval(text: str) -> float | str:
+    if text == "engine":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"'engine' or a positive number of seconds, not {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> None:
     from ..serve.main import apply_config, serve
 
@@ -276,4 +297,6 @@ def run(args: argparse.Namespace) -> None:
     resolve_kv_config(args)
     if args.cuda_graphs == "off":  # read by MLX at its first GPU command, so before the model
         os.environ["MLX_USE_CUDA_GRAPHS"] = "0"
+    if isinstance(args.switch_interval, float):
+        sys.setswitchinterval(args.switch_interval)
     serve(args)

@@ -19,6 +19,7 @@ from ..store.layers import clone
 from .batch_logits import BiasedGenerationBatch
 from .batch_prompt import keep_buffers
 from .batch_sampling import default_on
+from .gil import StepPhases
 from .handle import RequestHandle
 from .output import RowOutput
 from .prefix import Plan, PrefixSharing
@@ -67,6 +68,7 @@ class BatchConfig:
     clear_cache: bool = True
     batch_sampling: bool | None = None  # rows' samplers in batched calls (None: where proven)
     prefill_tokens: int | None = None  # a wave's token budget (prompt_waves.py; None: rows only)
+    phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)
 
 
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:
@@ -125,6 +127,7 @@ class BatchedRows:
         self.rows: dict[int, BatchedRow] = {}
         self.wave = (config.prefill_batch_size, config.prefill_tokens)  # floor, token budget
         self.clears = config.clear_cache
+        self.decode.phases = config.phases
         self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch

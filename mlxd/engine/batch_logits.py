@@ -19,6 +19,7 @@ from mlx_lm.generate import GenerationBatch
 from ..constrain.mask import apply_bitmask
 from .batch_penalties import apply_penalties
 from .batch_sampling import sample_rows
+from .gil import StepPhases
 from .output import Readout
 from .sampling import LogitBias, Penalty
 
@@ -44,6 +45,7 @@ class BiasedGenerationBatch(GenerationBatch):
     _bias: tuple[mx.array, mx.array, mx.array] | None = None
     _masker: Any = None
     batch_sampling = False  # rows' different samplers in batched calls (batch_sampling.py)
+    phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)
     # uid -> (logprob?, top k) when that row asked for logprob figures (its owner's lookup), and
     # the figures of the tokens the last step returned / the ones now computing (by uid: rows
     # move between steps)
@@ -64,6 +66,9 @@ class BiasedGenerationBatch(GenerationBatch):
         kinds = [_kinds(p) for p in self.logits_processors]
         self.current_read, self._next_read = self._next_read, {}
         ours = any(self.logits_processors) or self._mixed() or self._reading()
+        if self.phases is not None:  # this step's lines, to switch phases inside them
+            self.phases.building()
+            ours = True
         if any(k is None for k in kinds) or not ours:
             return super()._step()  # other processors, or nothing this step does otherwise
         biases = [k[0] for k in kinds]  # type: ignore[index]
@@ -107,6 +112,8 @@ class BiasedGenerationBatch(GenerationBatch):
         self._next_logprobs = list(logprobs)
         self._next_read = self._readouts(sampled, self._next_logprobs)
         reads = [a for r in self._next_read.values() for a in r.arrays()]
+        if self.phases is not None:
+            self.phases.waiting()
         mx.async_eval(self._next_tokens, self._next_logprobs, *reads)
         mx.eval(inputs, self._current_logprobs)
         tokens = inputs.tolist()

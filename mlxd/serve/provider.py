@@ -19,6 +19,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from ..engine import Engine
 from ..engine.batch import BatchConfig
 from ..engine.batch_prompt import clears_cache
+from ..engine.gil import step_phases
 from ..engine.prompt_waves import wave_budget
 from ..kv import mixed
 from ..kv.schemes import unsupported
@@ -118,6 +119,7 @@ class ModelProvider:
                 prefill_tokens=wave_budget(
                     a.prefill_batch_tokens, min(a.batch, a.prompt_concurrency), a.prefill_step_size
                 ),
+                phases=step_phases(getattr(a, "switch_interval", None)),
             ),
             prefix_store=store,
             namespace=namespace,

@@ -120,6 +120,45 @@ def test_cuda_graphs_off_reaches_mlx_before_the_server_starts(monkeypatch, flag,
     assert seen == [env]
 
 
+@pytest.mark.parametrize("flag,interval", [([], None), (["--switch-interval", "0.0005"], 0.0005)])
+def test_switch_interval_is_set_before_the_server_starts(monkeypatch, flag, interval) -> None:
+    """--switch-interval sets Python's GIL switch interval before `serve` starts any thread;
+    without it Python's own stays."""
+    import sys
+
+    import mlxd.serve.main as serve_main
+    from mlxd.cli import serve as serve_cli
+
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+    monkeypatch.setattr(serve_main, "serve", lambda a: seen.append(sys.getswitchinterval()))
+    try:
+        serve_cli.run(build_parser().parse_args(["serve", *flag]))
+    finally:
+        sys.setswitchinterval(before)
+    assert seen == [before if interval is None else pytest.approx(interval)]
+
+
+def test_switch_interval_engine_leaves_pythons_interval_to_the_engine(monkeypatch) -> None:
+    import sys
+
+    import mlxd.serve.main as serve_main
+    from mlxd.cli import serve as serve_cli
+
+    before = sys.getswitchinterval()
+    seen: list = []
+    monkeypatch.setattr(serve_main, "serve", lambda a: seen.append(a.switch_interval))
+    serve_cli.run(build_parser().parse_args(["serve", "--switch-interval", "engine"]))
+    assert seen == ["engine"] and sys.getswitchinterval() == before
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "fast"])
+def test_switch_interval_must_be_positive_seconds(value: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--switch-interval", value])
+    assert "--switch-interval" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "flags,budget",
     [([], 8 * 2048), (["--prefill-batch-tokens", "0"], None),

@@ -1,0 +1,31 @@
+"""The engine thread first at the GIL (opt-in: `--switch-interval engine`).
+
+The HTTP loop writes each row's chunk while the engine thread builds and runs the next step.
+Python makes a thread that waits for the GIL wait one switch interval (5 ms) before it may force
+the holder off. So the engine, back from a device wait, can wait up to 5 ms for the loop, and
+the loop, woken by the step's tokens, preempts the engine's graph build after one interval.
+Here the interval is long while the engine builds a step (the loop writes during the step's
+device waits instead) and short around those waits (the engine takes the GIL back quickly).
+"""
+
+import sys
+from dataclasses import dataclass
+
+WAIT_S = 0.0002  # the interval around a step's device waits
+
+
+@dataclass(frozen=True)
+class StepPhases:
+    build_s: float  # while the step's graph is built: how long a waiting thread waits
+    wait_s: float = WAIT_S  # from the step's async_eval on
+
+    def building(self) -> None:
+        sys.setswitchinterval(self.build_s)
+
+    def waiting(self) -> None:
+        sys.setswitchinterval(self.wait_s)
+
+
+def step_phases(setting: float | str | None) -> StepPhases | None:
+    """`--switch-interval engine`: phases around Python's interval as it is now; else None."""
+    return StepPhases(sys.getswitchinterval()) if setting == "engine" else None

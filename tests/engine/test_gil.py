@@ -1,0 +1,73 @@
+"""`--switch-interval engine` (engine/gil.py): the batched step sets the GIL's switch interval
+long while it builds its graph and short from its device waits on, and keeps mlx-lm's bits."""
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from fixtures.batch_oracle import batch_generator_outputs
+from mlx_lm.sample_utils import make_logits_processors
+
+from mlxd.engine.batch import BatchConfig
+from mlxd.engine.batch_logits import BiasedGenerationBatch
+from mlxd.engine.engine import Engine
+from mlxd.engine.gil import StepPhases, step_phases
+from mlxd.engine.request import GenerationRequest
+from mlxd.engine.sampling import SamplingParams
+
+TEXTS = ["Hello there my friend", "Tell me a long story about a cat", "x", "one two three"]
+PHASES = StepPhases(build_s=0.0042, wait_s=0.00031)  # values no default has
+
+
+@pytest.fixture
+def interval():
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
+
+
+@pytest.mark.parametrize("bias", [None, {17: 30.0, 42: 12.0}])
+def test_phased_step_keeps_mlx_lms_bits_and_switches_by_phase(
+    tiny_model: Callable[..., Path], monkeypatch, interval, bias
+) -> None:
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model("qwen3")))
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    ref = batch_generator_outputs(model, prompts, 8, eos, [make_logits_processors(bias)] * 4)
+    seen: list[float] = []  # the interval while the step's graph is built (after the forward)
+    readouts = BiasedGenerationBatch._readouts
+
+    def spying(self, sampled, logprobs):
+        seen.append(sys.getswitchinterval())
+        return readouts(self, sampled, logprobs)
+
+    monkeypatch.setattr(BiasedGenerationBatch, "_readouts", spying)
+    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, phases=PHASES))
+    try:
+        reqs = [
+            GenerationRequest(
+                prompt=mx.array(p),
+                max_tokens=8,
+                stop_token_ids=eos,
+                sampling=SamplingParams(logit_bias=bias),
+            )
+            for p in prompts
+        ]
+        got = [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
+    finally:
+        engine.close()
+    for g, r in zip(got, ref, strict=True):
+        assert [t for t, _ in g] == [t for t, _ in r]
+        assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(g, r, strict=True))
+    assert len(seen) >= 7 and all(s == pytest.approx(PHASES.build_s) for s in seen)
+    assert sys.getswitchinterval() == pytest.approx(PHASES.wait_s)  # the last step's waits
+
+
+def test_step_phases_only_for_engine(interval) -> None:
+    sys.setswitchinterval(0.003)
+    assert step_phases("engine") == StepPhases(build_s=pytest.approx(0.003))
+    assert step_phases(None) is None and step_phases(0.001) is None
