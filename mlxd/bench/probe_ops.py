@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..model.folded_attention import MODES, for_mode, missing
+from ..model.folded_attention import MODES, for_mode, is_shared, missing
 from .models import attention_dims, build_random, rows_parser
 from .probe_graphs import _caches
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     p = rows_parser(__doc__, "qwen3-0.6b", [32])
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20)
-    here = [m for m in MODES if missing(m) is None]
+    here = [m for m in MODES if missing(m) is None and not is_shared(m)]  # +shared: batch needed
     p.add_argument("--modes", nargs="+", choices=MODES, default=here)
     args = p.parse_args(argv)
     bm = build_random(args.shape, "bfloat16")

@@ -13,40 +13,21 @@ Prints ms per step (all layers, median) for both and their largest difference in
 import mlx.core as mx
 
 from ..model.folded_attention import attention as folded_attention
+from ..model.shared_attention import shared_prefix_attention
 from .models import attention_dims, rows_parser
 from .probe_attention import timed
 
 
-def shared_prefix_attention(
-    q: mx.array, pk: mx.array, pv: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array
-) -> mx.array:
-    """q (B, heads, 1, D); pk/pv (kv_heads, P, D), the shared prefix; k/v (B, kv_heads, S, D),
-    each row's own tokens; mask (B, S) boolean over them (True: attend)."""
-    B, n_heads, _, D = q.shape
-    n_kv, P = pk.shape[0], pk.shape[1]
-    g = n_heads // n_kv
-    q = (q * mx.array(scale, q.dtype)).reshape(B, n_kv, g, D)
-    # Every row's query group against the one prefix copy: (kv, B*g, D) @ (kv, D, P).
-    qs = q.transpose(1, 0, 2, 3).reshape(n_kv, B * g, D)
-    shared = (qs @ pk.swapaxes(-1, -2)).reshape(n_kv, B, g, P).transpose(1, 0, 2, 3)
-    own = q @ k.swapaxes(-1, -2)  # (B, kv, g, S)
-    own = mx.where(mask[:, None, None, :], own, mx.array(mx.finfo(own.dtype).min, own.dtype))
-    probs = mx.softmax(mx.concatenate([shared, own], axis=-1), axis=-1, precise=True)
-    ps = probs[..., :P].transpose(1, 0, 2, 3).reshape(n_kv, B * g, P)
-    out = (ps @ pv).reshape(n_kv, B, g, D).transpose(1, 0, 2, 3) + probs[..., P:] @ v
-    return out.reshape(B, n_heads, 1, D)
-
-
 def row(B: int, P: int, S: int, heads: int, kv: int, D: int, layers: int) -> str:
     bf = mx.bfloat16
-    pk, pv = (mx.random.normal((kv, P, D)).astype(bf) for _ in range(2))
+    pk, pv = (mx.random.normal((1, kv, P, D)).astype(bf) for _ in range(2))
     k, v = (mx.random.normal((B, kv, S, D)).astype(bf) for _ in range(2))
     q = mx.random.normal((B, heads, 1, D)).astype(bf)
     pad = mx.array([(i * 37) % min(300, S) for i in range(B)])
     own_mask = mx.arange(S)[None] >= pad[:, None]  # rows' own tokens, left-padded
     # What the batch cache holds now: each row's copy of the prefix, then its own tokens.
-    fk = mx.concatenate([mx.broadcast_to(pk[None], (B, kv, P, D)), k], axis=2)
-    fv = mx.concatenate([mx.broadcast_to(pv[None], (B, kv, P, D)), v], axis=2)
+    fk = mx.concatenate([mx.broadcast_to(pk, (B, kv, P, D)), k], axis=2)
+    fv = mx.concatenate([mx.broadcast_to(pv, (B, kv, P, D)), v], axis=2)
     full_mask = mx.concatenate([mx.ones((B, P), mx.bool_), own_mask], axis=1)
     mx.eval(pk, pv, k, v, q, fk, fv, own_mask, full_mask)
     s = D**-0.5

@@ -146,7 +146,9 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         "llama, mistral, qwen2, qwen3, qwen3_moe; keep mlx on Metal) or folded+fused (also "
         "q/k/v and gate/up as one matmul each: fewer kernel calls on CUDA, copies those "
         "weights, e.g. +9 GB for an 8B model) or flash / flash+fused (the attention as two "
-        "CUDA kernels, float32 softmax: CUDA only, changes bits, faster only at short contexts)",
+        "CUDA kernels, float32 softmax: CUDA only, changes bits, faster only at short contexts); "
+        "+shared: a decoding wave's common prefix (>= 512 tokens, e.g. a fleet's system "
+        "prompt) held once, not once per row (changes bits)",
     )
     g.add_argument(
         "--prefill-clear-cache",

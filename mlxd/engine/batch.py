@@ -14,10 +14,10 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
 from ..kv.batch_quantized import mergeable
-from ..model.folded_attention import for_mode
+from ..model.folded_attention import for_mode, is_shared
 from ..store.layers import clone
 from .batch_logits import BiasedGenerationBatch
-from .batch_prompt import keep_buffers
+from .batch_prompt import SharingPromptBatch, keep_buffers
 from .batch_sampling import default_on
 from .gil import StepPhases
 from .handle import RequestHandle
@@ -27,6 +27,7 @@ from .prompt_waves import wave_rows
 from .request import DoneEvent, GenerationRequest, TokenEvent
 from .rng import current_key, repair_key
 from .sampling import Key, KeyedSampler
+from .shared_rows import SharedPrefixes
 
 
 @dataclass
@@ -120,6 +121,12 @@ class BatchedRows:
         )
         if not config.clear_cache:
             keep_buffers(self.gen)
+        elif is_shared(config.attention):
+            keep_buffers(self.gen, SharingPromptBatch)  # mlx-lm's clears, and the sharing
+        self.prefixes: SharedPrefixes | None = None
+        if is_shared(config.attention):  # the model is this batch's own shallow copy
+            self.prefixes = SharedPrefixes(lambda: self.gen._generation_batch.prompt_cache)
+            model.prefix_sharing = self.prefixes
         on = config.batch_sampling
         self.decode = BiasedGenerationBatch.install(
             self.gen, model, default_on() if on is None else on

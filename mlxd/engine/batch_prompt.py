@@ -17,7 +17,21 @@ import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch, _right_pad_prompts
 
 
-class KeptBuffersPromptBatch(PromptProcessingBatch):
+class SharingPromptBatch(PromptProcessingBatch):
+    """mlx-lm's prompt processing; a wave moving to decoding holds its rows' shared prefix once
+    when its model carries `prefix_sharing` (engine/shared_rows.py, opt-in)."""
+
+    def generate(self, tokens: list[list[int]]) -> Any:
+        sharing = getattr(self.model, "prefix_sharing", None)
+        if sharing is not None:
+            if any(len(t) > 1 for t in tokens):  # mlx-lm's generate prompts these first
+                self.prompt([t[:-1] for t in tokens])
+                tokens = [t[-1:] for t in tokens]
+            self.prompt_cache = sharing.share(self.prompt_cache, self.tokens)
+        return super().generate(tokens)
+
+
+class KeptBuffersPromptBatch(SharingPromptBatch):
     """mlx-lm's prompt processing without the buffer-cache clears (same arrays)."""
 
     def prompt(self, tokens: list[list[int]]) -> None:
@@ -65,10 +79,10 @@ class KeptBuffersPromptBatch(PromptProcessingBatch):
         mx.eval([c.state for c in self.prompt_cache])
 
 
-def keep_buffers(gen: Any) -> None:
+def keep_buffers(gen: Any, kind: type = KeptBuffersPromptBatch) -> None:
     """Give a fresh BatchGenerator this prompt batch (its split and copy keep the class)."""
     old = gen._prompt_batch
-    gen._prompt_batch = KeptBuffersPromptBatch.empty(
+    gen._prompt_batch = kind.empty(
         old.model, old.fallback_sampler, prefill_step_size=old.prefill_step_size
     )
 

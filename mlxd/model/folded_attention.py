@@ -19,13 +19,17 @@ import mlx.nn as nn
 
 from .decode_kernel import available, flash_attention, supports
 from .fused_projections import Stacked, fused_mlp, stacked_qkv
+from .shared_attention import shared_prefix_attention
 
 # Architectures whose attention is the standard q/k/v projection, optional q/k RMSNorm, RoPE at
 # the cache offset, cache update, attention, o_proj (tests/model/test_folded_attention.py).
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 # folded+fused: also q/k/v and gate/up as one matmul each (model/fused_projections.py);
-# flash: the attention itself as two CUDA kernels (model/decode_kernel.py, CUDA only).
-MODES = ("mlx", "folded", "folded+fused", "flash", "flash+fused")
+# flash: the attention itself as two CUDA kernels (model/decode_kernel.py, CUDA only);
+# +shared: the decoding rows' shared prefix held once (kv/shared_prefix.py).
+MODES = (
+    "mlx", "folded", "folded+fused", "flash", "flash+fused", "folded+shared", "folded+fused+shared"
+)  # fmt: skip
 
 
 def is_folded(mode: str) -> bool:
@@ -34,7 +38,11 @@ def is_folded(mode: str) -> bool:
 
 
 def is_fused(mode: str) -> bool:
-    return mode.endswith("+fused")
+    return "+fused" in mode
+
+
+def is_shared(mode: str) -> bool:
+    return mode.endswith("+shared")
 
 
 def is_flash(mode: str) -> bool:
@@ -165,7 +173,10 @@ class FoldedAttention(nn.Module):
         self.qkv: Stacked | None = None  # set by folded(fuse=True) where the layers stack
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        if not _foldable(x, mask, cache):
+        shared = getattr(cache, "prefix_keys", None) is not None
+        if shared and (x.shape[1] != 1 or not isinstance(mask, mx.array)):
+            raise ValueError("a batch holding a shared prefix only decodes, one token a row")
+        if not shared and not _foldable(x, mask, cache):
             return self.inner(x, mask, cache)
         a = self.inner
         B, L, _ = x.shape
@@ -177,6 +188,12 @@ class FoldedAttention(nn.Module):
         v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
+        if shared:
+            if self.align > 1:
+                k, v, mask = _aligned(self.align, cache, k, v, mask, self.masks)
+            pk, pv = cache.prefix_keys, cache.prefix_values
+            out = shared_prefix_attention(q, pk, pv, k, v, a.scale, mask)
+            return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
         if self.flash and supports(q, k, mask):
             return a.o_proj(flash_attention(q, k, v, a.scale, mask))
         if self.align > 1:
