@@ -60,7 +60,8 @@ def line(x: dict[str, Any]) -> str:
     phases = " ".join(f"{p} {x[p]:.3f}" for p in PHASES if p in x)
     gen = " ".join(
         f"[rows {g['rows']}: prompt {g['prompt_tokens']} in {g['prompt_s']:.3f}, "
-        f"decode {g['decode_steps']} in {g['decode_s']:.3f}]"
+        f"decode {g['decode_steps']} in {g['decode_s']:.3f}"
+        + (f", prefix {g['shared']} held once]" if g.get("shared") else "]")
         for g in x.get("gen", [])
     )
     paths = f" {x['paths']}" if x.get("paths") else ""
@@ -75,6 +76,9 @@ def report(turns: list[dict[str, Any]], stall: float) -> list[str]:
     for rows, s in sorted(decode_steps(turns).items()):
         cycle = f" | {1e3 * statistics.median(loop[rows]):7.2f}" if rows in loop else ""
         lines.append(f"  {rows:3d} rows: {1e3 * statistics.median(s):7.2f} ms ({len(s)}){cycle}")
+    shared = sum(1 for x in turns for g in x.get("gen", []) if g.get("shared"))
+    if shared:
+        lines.append(f"batch turns over a shared prefix held once: {shared}")
     return lines
 
 

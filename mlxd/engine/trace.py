@@ -81,10 +81,12 @@ class Trace(NoTrace):
             return
         for fmt, b, was in self._before:
             d = [x - y for x, y in zip(_counters(b), was, strict=True)]
-            self._rec.setdefault("gen", []).append(
-                {"fmt": str(fmt), "rows": len(b), "prompt_tokens": d[0],
-                 "prompt_s": round(d[1], 6), "decode_steps": d[2], "decode_s": round(d[3], 6)}
-            )  # fmt: skip
+            rec = {"fmt": str(fmt), "rows": len(b), "prompt_tokens": d[0],
+                   "prompt_s": round(d[1], 6), "decode_steps": d[2],
+                   "decode_s": round(d[3], 6)}  # fmt: skip
+            if shared := held_prefix(b.gen._generation_batch.prompt_cache):
+                rec["shared"] = shared  # the decoding rows' prefix held once (+shared modes)
+            self._rec.setdefault("gen", []).append(rec)
         self._before = []
 
     def end(self, active: Callable[[], list[Any]], waiting: int, paths: Counter[str]) -> None:
@@ -107,6 +109,12 @@ class Trace(NoTrace):
     def close(self) -> None:
         with self._io:
             self._out.close()
+
+
+def held_prefix(caches: list[Any]) -> int:
+    """Tokens of the prefix a decoding batch holds once (kv/shared_prefix.py), else 0."""
+    keys = getattr(caches[0], "prefix_keys", None) if caches else None
+    return 0 if keys is None else keys.shape[2]
 
 
 def _counters(batch: Any) -> Counters:

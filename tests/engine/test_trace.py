@@ -86,3 +86,26 @@ def test_an_idle_engine_has_written_its_lines(traced) -> None:
         time.sleep(0.01)  # the engine thread flushes once it waits for work (not closed yet)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert lines and all("t" in x for x in lines)
+
+
+def test_a_shared_prefix_batch_says_so_and_the_report_counts_it(
+    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a +shared mode the batch's trace entry carries the prefix it holds once."""
+    from mlxd.bench.trace_report import load, report
+    from mlxd.engine.batch import BatchConfig
+
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MLXD_TRACE", str(path))
+    engine = Engine(model, batch_config=BatchConfig(4, 4, 2048, attention="folded+shared"))
+    prefix = [(7 * i) % 800 + 3 for i in range(600)]
+    reqs = [GenerationRequest(prompt=mx.array(prefix + [5 + i]), max_tokens=6) for i in range(3)]
+    for h in engine.submit_many(reqs):
+        h.wait()
+    engine.close()
+    gen = [g for x in load(str(path)) for g in x.get("gen", [])]
+    assert {g.get("shared") for g in gen} >= {576}  # 600 rounded down to 64s
+    assert any(
+        line.startswith("batch turns over a shared prefix")
+        for line in report(load(str(path)), 0.05)
+    )
