@@ -187,3 +187,30 @@ def test_a_server_in_shared_mode_answers_as_folded_on_cpu(tiny_model, tmp_path, 
 
     assert answers("folded+shared") == answers("folded")
     assert seen["waves"] >= 1 and seen["attention"] > 0
+
+
+def test_the_attention_module_serves_one_row_and_refuses_a_prefill(model) -> None:
+    """A sharing batch down to one row still attends over the copy (as mlx-lm's attention over
+    the whole row); a multi-token input over a sharing cache is refused by name."""
+    from mlx_lm.models.cache import KVCache
+
+    from mlxd.kv.batch_roll import RollingBatchKVCache
+
+    attn = fa.folded(model).model.layers[0].self_attn
+    inner = model.model.layers[0].self_attn
+    mx.random.seed(2)
+    k = mx.random.normal(
+        (1, inner.n_kv_heads, 700, inner.k_proj.weight.shape[0] // inner.n_kv_heads)
+    )
+    row = KVCache()
+    row.update_and_fetch(k, k + 1)
+    plain, other = RollingBatchKVCache.merge([row]), RollingBatchKVCache.merge([row])
+    shared = SharedPrefixBatchKVCache.split_off(other, tuple(range(640)))
+    x = mx.random.normal((1, 1, model.args.hidden_size))
+    ref = inner(x, mask=plain.make_mask(1), cache=plain)
+    got = attn(x, mask=shared.make_mask(1), cache=shared)
+    assert mx.allclose(got, ref, atol=1e-5, rtol=1e-5).item()
+    with pytest.raises(ValueError, match="only decodes"):
+        attn(
+            mx.random.normal((1, 2, model.args.hidden_size)), mask=shared.make_mask(2), cache=shared
+        )
