@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # ab.sh SHAPE AGENTS "MLXD_ARGS_A" "MLXD_ARGS_B" ...: mlxd alone (--only mlxd), one fleet per
 # argument set, ROUNDS times in alternation (A B A B ...), each with MLXD_TRACE (a line per
-# engine turn) in $OUT/trace-<set>-<round>.jsonl: engine settings compared within one call.
+# engine turn) in $OUT/trace-<TAG><set>-<round>.jsonl and trace_report's decode-step lines
+# after its bench line: engine settings compared within one call.
 set -euo pipefail
 source bench/h200/setup.sh
 shape=$1 agents=$2
 shift 2
 model=$(model_dir "$shape")
+tag=${TAG:-}
 for round in $(seq 1 "${ROUNDS:-1}"); do
   i=0
   for extra in "$@"; do
-    echo "== set $i round $round: $extra" | tee -a "$OUT/ab.txt"
-    MLXD_TRACE="$OUT/trace-$i-$round.jsonl" python3 -m mlxd bench serve --model "$model" \
+    run="$tag$i-$round"
+    echo "== set $i round $round, $agents agents: $extra" | tee -a "$OUT/ab.txt"
+    MLXD_TRACE="$OUT/trace-$run.jsonl" python3 -m mlxd bench serve --model "$model" \
       --agents "$agents" --turns 2 --warmup 8 --max-tokens 256 --system-tokens 3600 \
-      --batch "${BATCH:-32}" --mlxd-args "$extra" --only mlxd --json "$OUT/ab-$i-$round.json" \
+      --batch "${BATCH:-32}" --mlxd-args "$extra" --only mlxd --json "$OUT/ab-$run.json" \
       2>&1 | grep -E "^\| [0-9]|round" | tee -a "$OUT/ab.txt"
+    { python3 -m mlxd.bench.trace_report "$OUT/trace-$run.jsonl" \
+      | grep -E "rows:|shared prefix" || true; } | tee -a "$OUT/ab.txt"
     i=$((i + 1))
   done
 done

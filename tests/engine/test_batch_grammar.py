@@ -8,7 +8,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from fixtures.batch_oracle import batch_generator_outputs
+from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
 from mlx_lm.sample_utils import make_logits_processors
 
 from mlxd.constrain import Constraint, compiler_for
@@ -75,9 +75,7 @@ def test_constrained_and_free_rows_share_a_batch_with_mlx_lm_s_bits(
         got = [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
     finally:
         engine.close()
-    for g, r in zip(got, ref, strict=True):
-        assert [t for t, _ in g] == [t for t, _ in r]
-        assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(g, r, strict=True))
+    assert_same_outputs(got, ref)
     assert masked and max(masked) == len(TEXTS)  # all four rows in one masked step
     import json
     import re

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from fixtures.batch_oracle import batch_generator_outputs
+from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
 from mlx_lm.sample_utils import make_logits_processors
 
 from mlxd.engine.batch_logits import BiasedGenerationBatch
@@ -35,12 +35,6 @@ def _run(model, prompts, n, eos, params: list[SamplingParams]):
         engine.close()
 
 
-def _same(got, ref) -> None:
-    for g, r in zip(got, ref, strict=True):
-        assert [t for t, _ in g] == [t for t, _ in r]
-        assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(g, r, strict=True))
-
-
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the batched-bias steps (the one-scatter path taken)."""
@@ -66,7 +60,7 @@ def test_biases_as_one_scatter_equal_mlx_lm_per_row(
     prompts = [tok.encode(t) for t in TEXTS]
     ref = _oracle(model, prompts, 10, eos, [make_logits_processors(b) for b in BIASES])
     got = _run(model, prompts, 10, eos, [SamplingParams(logit_bias=b) for b in BIASES])
-    _same(got, ref)
+    assert_same_outputs(got, ref)
     assert spy and max(spy) == len(TEXTS)  # the whole batch went through the scatter
     unbiased = _oracle(model, prompts, 10, eos, [[] for _ in TEXTS])
     assert [t for t, _ in ref[0]] != [t for t, _ in unbiased[0]]  # the biases do change tokens
@@ -86,7 +80,7 @@ def test_a_row_with_a_penalty_shares_the_batched_step(
         [make_logits_processors(b, **p) for b, p in zip(BIASES, penalty, strict=True)],
     )  # fmt: skip
     params = [SamplingParams(logit_bias=b, **p) for b, p in zip(BIASES, penalty, strict=True)]
-    _same(_run(model, prompts, 8, eos, params), ref)
+    assert_same_outputs(_run(model, prompts, 8, eos, params), ref)
     # The penalised row no longer sends the batch to mlx-lm's per-row step (batch_penalties.py).
     assert len(TEXTS) in spy
 
@@ -115,7 +109,7 @@ def test_rows_asking_for_logprobs_take_mlxd_step_with_batch_generator_bits(
         events = [list(h) for h in engine.submit_many(reqs)]
     finally:
         engine.close()
-    _same([[(e.token, e.logprobs) for e in row] for row in events], ref)
+    assert_same_outputs([[(e.token, e.logprobs) for e in row] for row in events], ref)
     for req, row in zip(reqs, events, strict=True):
         for e in row:
             vector = e.logprobs.tolist()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from fixtures.batch_oracle import batch_generator_outputs
+from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
 from mlx_lm.sample_utils import make_logits_processors
 
 from mlxd.engine.batch import BatchConfig
@@ -60,9 +60,7 @@ def test_phased_step_keeps_mlx_lms_bits_and_switches_by_phase(
         got = [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
     finally:
         engine.close()
-    for g, r in zip(got, ref, strict=True):
-        assert [t for t, _ in g] == [t for t, _ in r]
-        assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(g, r, strict=True))
+    assert_same_outputs(got, ref)
     assert len(seen) >= 7 and all(s == pytest.approx(PHASES.build_s) for s in seen)
     assert sys.getswitchinterval() == pytest.approx(PHASES.wait_s)  # the last step's waits
 
