@@ -43,7 +43,7 @@ class PacedEngine:
         self._thread.start()
         self.native_id: int | None = None
 
-    def submit(self, req: GenerationRequest) -> RequestHandle:
+    def submit(self, req: GenerationRequest, arrival: Any = None) -> RequestHandle:
         handle = RequestHandle()
         row = _Row(handle, req.max_tokens, int(req.prompt.size), time.perf_counter())
         with self._lock:
@@ -51,7 +51,7 @@ class PacedEngine:
         self._work.set()
         return handle
 
-    def submit_n(self, req: GenerationRequest, n: int) -> list[RequestHandle]:
+    def submit_n(self, req: GenerationRequest, n: int, arrival: Any = None) -> list[RequestHandle]:
         return [self.submit(req) for _ in range(n)]
 
     def stats(self) -> dict[str, Any]:

@@ -182,6 +182,15 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         "engine builds a batched step, 0.2 ms around its device waits (engine/gil.py)",
     )
     g.add_argument(
+        "--join-window",
+        type=_window,
+        default=0.25,
+        help="seconds a new prefill wave may wait for requests the server has received and "
+        "not yet queued (body, chat template, tokenizing), so an agent fleet's turns that "
+        "arrive together prefill in one wave; a lone request never waits; 0: off "
+        "(default: 0.25; same bits for a given batch, docs/performance.md)",
+    )
+    g.add_argument(
         "--max-queue",
         type=int,
         default=256,
@@ -289,6 +298,16 @@ def _switch_interval(text: str) -> float | str:
         value = float("nan")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"'engine' or a positive number of seconds, not {text!r}")
+    return value
+
+
+def _window(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"seconds between 0 and 10, not {text!r}")
     return value
 
 

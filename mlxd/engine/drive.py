@@ -37,6 +37,7 @@ class Driving:
     _busy: Callable[[], bool]
     _submit: Callable[[list[GenerationRequest], list[RequestHandle]], list[RequestHandle]]
     _turn: Callable[..., bool]
+    _hold: Callable[[], float]
     drivable = True  # False: every reader waits for the engine thread (the A/B's other side)
 
     def _init_driving(self) -> None:
@@ -143,5 +144,10 @@ class Driving:
             return  # the per-token fast path: no lock
         self._trace.idle()
         with self.admission.wake:
-            while not self._has_work():
-                self.admission.wake.wait()
+            while True:
+                if not self._has_work():
+                    self.admission.wake.wait()
+                elif (wait := self._hold()) > 0:  # a wave waits for requests on their way
+                    self.admission.wake.wait(wait)
+                else:
+                    return

@@ -17,6 +17,7 @@ from typing import Any
 from ..model.folded_attention import is_folded
 from ..model.folded_attention import unsupported as unfoldable
 from .admission import Admission, Overloaded
+from .arrivals import Arrivals, Ticket
 from .batch import BatchConfig, BatchedRows, batchable
 from .drive import Driving
 from .fork import ForkJob
@@ -64,6 +65,7 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         serial_fast_path: bool = True,
         prefix_store: Any = None,
         namespace: str = "",
+        arrivals: Arrivals | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be >= 1")
@@ -84,6 +86,11 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         self.last_batch_stats: Any = None  # mlx-lm BatchStats of the last finished batch
         self.last_batch_key: tuple[int, int] | None = None  # the PRNG key it ended with
         self.admission = Admission(batch, max_queue, kv_budget, model, self.config)
+        # arrivals: a server's requests on their way; a new wave waits for them up to its
+        # window (arrivals.py), so turns that arrive together prefill together. None: off.
+        self.arrivals = arrivals or Arrivals(0.0)
+        self.arrivals.attach(self.admission.wake)
+        self._held_for: float | None = None  # the oldest waiting request of the last hold
         # Bytes per token per KV scheme, for stats (probed here: the engine thread is not up).
         self.kv_cost = self.admission.kv_cost or KVCost.probe(model)
         self._kv_schemes: set[tuple[int, int]] = set()  # (bits, group) of requests seen
@@ -110,15 +117,19 @@ class Engine(PrefixRows, Routing, Turns, Driving):
             raise RuntimeError("the model of this engine was garbage-collected")
         return model
 
-    def submit(self, req: GenerationRequest) -> RequestHandle:
-        return self.submit_many([req])[0]
+    def submit(self, req: GenerationRequest, arrival: Ticket | None = None) -> RequestHandle:
+        """`arrival`: the request's ticket from a server's `arrivals`, released as it queues."""
+        return self._submit([req], [RequestHandle()], arrival)[0]
 
     def submit_many(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
         """Submit requests atomically: admitted in one round, they share one batch composition."""
         return self._submit(reqs, [RequestHandle() for _ in reqs])
 
     def _submit(
-        self, reqs: list[GenerationRequest], handles: list[RequestHandle]
+        self,
+        reqs: list[GenerationRequest],
+        handles: list[RequestHandle],
+        arrival: Ticket | None = None,
     ) -> list[RequestHandle]:
         for req in reqs:
             validate(req, self.model)
@@ -127,10 +138,14 @@ class Engine(PrefixRows, Routing, Turns, Driving):
             self.admission.check(req)
             prepare(req)
             materialize(req.prompt, req.input_embeddings, req.prompt_cache)
+        if arrival is not None:  # released before it queues: a wave never waits for itself
+            arrival.release()
         self.admission.push(list(zip(reqs, handles, strict=True)))
         return handles
 
-    def submit_n(self, req: GenerationRequest, n: int) -> list[RequestHandle]:
+    def submit_n(
+        self, req: GenerationRequest, n: int, arrival: Ticket | None = None
+    ) -> list[RequestHandle]:
         """`n` rows sampled from one prompt that is prefilled once (OpenAI's `n`). With a
         seed, row i samples from the stream of seed + i."""
         if n < 1:
@@ -143,7 +158,7 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         handles = [RequestHandle() for _ in range(n)]
         self._groups[id(handles[0])] = handles[1:]  # before the engine can see the request
         try:
-            self._submit([req], handles[:1])
+            self._submit([req], handles[:1], arrival)
         except BaseException:
             self._groups.pop(id(handles[0]), None)
             raise
@@ -199,6 +214,8 @@ class Engine(PrefixRows, Routing, Turns, Driving):
     # engine thread
     def _admit(self, only: RequestHandle | None = None) -> None:
         """Start waiting requests as rows (`only`: just that one, for a driver)."""
+        if only is None and self._hold() > 0:
+            return  # requests on their way will join this wave (arrivals.py)
         busy = self._busy()
         defer = None
         if self.sharing is not None and busy and self.admission.waiting:
@@ -220,6 +237,19 @@ class Engine(PrefixRows, Routing, Turns, Driving):
                 if id(h) not in live and h.done is None:
                     h.put(DoneEvent("error", e))
             raise
+
+    def _hold(self) -> float:
+        """Seconds the next wave still waits for requests on their way (0: admit now); on
+        the engine thread (a driver's turn admits only its own request)."""
+        if not self.admission.waiting or self.arrivals.pending <= 0:
+            return 0.0  # the per-turn fast path: no lock
+        with self.admission.wake:
+            oldest = self.admission.waiting[0][1].submitted if self.admission.waiting else None
+        wait = self.arrivals.hold(oldest)
+        if wait > 0 and oldest != self._held_for:  # a new wave held: counted once
+            self._held_for = oldest
+            self.paths["wave held for arrivals"] += 1
+        return wait
 
     def _shutdown(self) -> None:
         handles = self._active() + self.admission.drain()

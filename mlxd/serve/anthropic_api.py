@@ -43,6 +43,11 @@ async def _prompt(state: ServerState, body: dict[str, Any]) -> tuple[Served, Con
 
 async def messages(request: Request) -> Response:
     state: ServerState = request.app.state.mlxd
+    with state.provider.arrivals.coming() as arrival:  # a new wave may wait for this one
+        return await _messages(request, state, arrival)
+
+
+async def _messages(request: Request, state: ServerState, arrival: Any) -> Response:
     body = await read_json(request)
     model = model_name(body)
     stream = body.get("stream", False)
@@ -51,7 +56,7 @@ async def messages(request: Request) -> Response:
     params = read_params(body, state.args)
     served, conv, prompt = await _prompt(state, body)
     constrain(params, body, conv.tools)
-    gen = Generation(served, prompt, params, conv.tools, state.metrics, "messages")
+    gen = Generation(served, prompt, params, conv.tools, state.metrics, "messages", arrival)
     await gen.start(state.args)
     reply = events(gen, model, StopWords(served.tokenizer, params.stop), conv.prefill)
     if stream:

@@ -70,8 +70,10 @@ class Generation:
         tools: list[dict] | None,
         observer: Any = None,
         endpoint: str = "",
+        arrival: Any = None,
     ) -> None:
         self.served, self.prompt, self.params, self.tools = served, prompt, params, tools
+        self.arrival = arrival  # the request's arrivals ticket, released right after submit
         self.handles: list[RequestHandle] = []
         self.usage = Usage(prompt_tokens=len(prompt.tokens))
         # Timings as the client sees them (for /metrics): submit -> first token, token gaps.
@@ -86,11 +88,15 @@ class Generation:
         """Submit; refusals become API errors (429 queue full, 400 never fits)."""
 
         def submit() -> list[RequestHandle]:
-            req = build_request(self.served, self.prompt, self.params, args)
-            engine = self.served.engine
-            if self.params.n == 1:
-                return [engine.submit(req)]
-            return engine.submit_n(req, self.params.n)
+            try:
+                req = build_request(self.served, self.prompt, self.params, args)
+                engine = self.served.engine
+                if self.params.n == 1:
+                    return [engine.submit(req, self.arrival)]
+                return engine.submit_n(req, self.params.n, self.arrival)
+            finally:  # refused (the engine released it as it queued): nothing to wait for
+                if self.arrival is not None:
+                    self.arrival.release()
 
         self.submitted_at = time.perf_counter()
         try:

@@ -79,8 +79,10 @@ async def load_model(state: ServerState, body: dict[str, Any], fallback: bool = 
 class Completion:
     """One chat or text completion request, from body to response."""
 
-    def __init__(self, state: ServerState, body: dict[str, Any], chat: bool) -> None:
-        self.state, self.body, self.chat = state, body, chat
+    def __init__(
+        self, state: ServerState, body: dict[str, Any], chat: bool, arrival: Any = None
+    ) -> None:
+        self.state, self.body, self.chat, self.arrival = state, body, chat, arrival
         self.stream = body.get("stream", False)
         if not isinstance(self.stream, bool):
             raise bad_request("stream must be of type bool", "stream")
@@ -167,7 +169,9 @@ class Completion:
         served = await load_model(self.state, self.body)
         prompt = await self.prompt(served)
         endpoint = "chat" if self.chat else "completions"
-        gen = Generation(served, prompt, self.params, self.tools, self.state.metrics, endpoint)
+        gen = Generation(
+            served, prompt, self.params, self.tools, self.state.metrics, endpoint, self.arrival
+        )
         await gen.start(self.state.args)
         if self.stream:
             return sse.stream(self._frames(gen, served), gen.behind)
@@ -234,12 +238,15 @@ class Completion:
 
 
 async def chat_completions(request: Request) -> Response:
-    state: ServerState = request.app.state.mlxd
-    body = await read_json(request)
-    return await Completion(state, body, chat=True).respond(request)
+    return await _complete(request, chat=True)
 
 
 async def completions(request: Request) -> Response:
+    return await _complete(request, chat=False)
+
+
+async def _complete(request: Request, chat: bool) -> Response:
     state: ServerState = request.app.state.mlxd
-    body = await read_json(request)
-    return await Completion(state, body, chat=False).respond(request)
+    with state.provider.arrivals.coming() as arrival:  # a new wave may wait for this one
+        body = await read_json(request)
+        return await Completion(state, body, chat, arrival).respond(request)

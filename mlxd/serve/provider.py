@@ -17,6 +17,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..engine import Engine
+from ..engine.arrivals import Arrivals
 from ..engine.batch import BatchConfig
 from ..engine.batch_prompt import clears_cache
 from ..engine.gil import step_phases
@@ -65,6 +66,8 @@ class ModelProvider:
         self.args = args
         self.max_others = max_others
         self._lock = threading.Lock()
+        # Requests on their way to any engine here (engine/arrivals.py: the join window).
+        self.arrivals = Arrivals(getattr(args, "join_window", 0.0))
         self.default = self._load(args.model, args.adapter_path)
         self._others: collections.OrderedDict[tuple, Served] = collections.OrderedDict()
 
@@ -123,6 +126,7 @@ class ModelProvider:
             ),
             prefix_store=store,
             namespace=namespace,
+            arrivals=self.arrivals,
         )
         if a.kv_bits is not None:
             engine.announce_scheme(a.kv_bits, a.kv_group_size)

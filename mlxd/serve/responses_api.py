@@ -145,6 +145,11 @@ def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
 
 async def create_response(request: Request) -> Response:
     state: ServerState = request.app.state.mlxd
+    with state.provider.arrivals.coming() as arrival:  # a new wave may wait for this one
+        return await _create(request, state, arrival)
+
+
+async def _create(request: Request, state: ServerState, arrival: Any) -> Response:
     body = await read_json(request)
     req = ResponseRequest(state, body)
     if not req.items:
@@ -159,7 +164,7 @@ async def create_response(request: Request) -> Response:
     prompt = await offload(
         lambda: chat_prompt(served.tokenizer, messages, req.tools, template_args)
     )
-    gen = Generation(served, prompt, req.params, req.tools, state.metrics, "responses")
+    gen = Generation(served, prompt, req.params, req.tools, state.metrics, "responses", arrival)
     await gen.start(state.args)
     model = body.get("model") or served.name
     run = ResponseRun(req.head(model), gen, items, state.store if req.store else None)

@@ -159,6 +159,29 @@ def test_switch_interval_must_be_positive_seconds(value: str, capsys) -> None:
     assert "--switch-interval" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags,window", [([], 0.25), (["--join-window", "0"], 0.0)])
+def test_join_window_reaches_the_servers_arrivals(flags, window, tiny_model, tmp_path) -> None:
+    from mlxd.serve.main import make_state
+
+    model = str(tiny_model("qwen3"))
+    args = build_parser().parse_args(
+        ["serve", "--model", model, "--data-dir", str(tmp_path), *flags]
+    )
+    state = make_state(args)
+    try:
+        assert state.provider.arrivals.window == window
+        assert state.provider.default.engine.arrivals is state.provider.arrivals
+    finally:
+        state.provider.close()
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "11", "soon"])
+def test_join_window_must_be_seconds_between_0_and_10(value: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--join-window", value])
+    assert "--join-window" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "flags,budget",
     [([], 8 * 2048), (["--prefill-batch-tokens", "0"], None),

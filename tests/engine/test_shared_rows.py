@@ -90,11 +90,16 @@ def _run(model, mode: str, groups: list[list[tuple[list[int], int]]], store=None
         engine.close()
 
 
+# MLX-CUDA's float32 matmuls round through TF32 (10-bit mantissas): there the two sum orders
+# differed by up to ~3e-3 in logprobs of ~15 (H200, session 23), the tokens equal.
+TOL = 1e-4 if mx.default_device() == mx.cpu else 1e-2
+
+
 def _same_tokens(got, ref) -> None:
     for g, r in zip(got, ref, strict=True):
         assert [t for t, _ in g] == [t for t, _ in r]
         for (_, a), (_, b) in zip(g, r, strict=True):
-            assert mx.allclose(a, b, atol=1e-4, rtol=1e-4).item()
+            assert mx.allclose(a, b, atol=TOL, rtol=TOL).item()
 
 
 def test_a_wave_sharing_a_prefix_decodes_over_one_copy(model, seen) -> None:

@@ -1,0 +1,126 @@
+"""The join window (engine/arrivals.py): a new wave waits, at most the window, for requests a
+server is still building, so turns that arrive together join in one wave (the bits of
+mlx-lm's batch of them all); a lone request never waits; running rows keep decoding."""
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
+
+from mlxd.engine.arrivals import Arrivals
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest, TokenEvent
+
+TEXTS = ["Hello there my friend", "Tell me a long story about a cat"]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model: Callable[..., Path]):
+    from mlx_lm import load
+
+    return load(str(tiny_model("qwen3")))
+
+
+@pytest.fixture
+def engine_of(loaded) -> Iterator[Callable[[float], Engine]]:
+    """`engine_of(window)`: an engine on the tiny model reading Arrivals(window), closed after."""
+    made: list[Engine] = []
+
+    def make(window: float) -> Engine:
+        made.append(Engine(loaded[0], batch=8, arrivals=Arrivals(window)))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()
+
+
+def _req(tok, text: str, n: int = 8) -> GenerationRequest:
+    return GenerationRequest(
+        prompt=mx.array(tok.encode(text)), max_tokens=n, stop_token_ids=frozenset()
+    )
+
+
+def test_hold_lasts_while_tickets_are_out_and_at_most_the_window() -> None:
+    a = Arrivals(0.5)
+    now = time.perf_counter()
+    assert a.hold(now) == 0.0  # nothing on its way
+    with a.coming() as ticket:
+        assert a.pending == 1
+        assert 0.4 < a.hold(now) <= 0.5
+        assert a.hold(now - 0.6) == 0.0  # the oldest waited the whole window
+        assert a.hold(None) == 0.0  # nobody waits
+        ticket.release()
+        ticket.release()  # once only
+        assert a.pending == 0
+    assert a.pending == 0
+    with pytest.raises(RuntimeError), a.coming():
+        raise RuntimeError("the prompt did not build")
+    assert a.pending == 0  # a failed build releases its ticket
+    off = Arrivals(0.0)
+    with off.coming():
+        assert off.pending == 0 and off.hold(now) == 0.0  # window 0: off
+    with pytest.raises(ValueError):
+        Arrivals(-1.0)
+
+
+def test_turns_on_their_way_join_one_wave_with_mlx_lms_bits(loaded, engine_of) -> None:
+    model, tok = loaded
+    prompts = [tok.encode(t) for t in TEXTS]
+    ref = batch_generator_outputs(model, prompts, 8, frozenset())
+    engine = engine_of(30.0)
+    with engine.arrivals.coming() as first, engine.arrivals.coming() as second:
+        h1 = engine.submit(_req(tok, TEXTS[0]), first)  # released as it queues
+        time.sleep(0.3)
+        assert h1.poll() is None and engine.stats()["waiting"] == 1  # held for the second
+        h2 = engine.submit(_req(tok, TEXTS[1]), second)
+        got = [[(e.token, e.logprobs) for e in h] for h in (h1, h2)]
+    paths = engine.stats()["paths"]
+    assert paths.get("serial", 0) == 0 and paths["batched"] == 2
+    assert paths["wave held for arrivals"] == 1
+    assert_same_outputs(got, ref)
+
+
+def test_a_ticket_never_released_holds_a_wave_only_for_the_window(loaded, engine_of) -> None:
+    model, tok = loaded
+    engine = engine_of(0.4)
+    with engine.arrivals.coming():  # a request that never comes
+        tic = time.perf_counter()
+        handle = engine.submit(_req(tok, TEXTS[0], 2))
+        first = next(iter(handle))
+        waited = time.perf_counter() - tic
+        assert isinstance(first, TokenEvent)
+        assert 0.35 < waited < 10
+        list(handle)
+    assert engine.stats()["paths"]["wave held for arrivals"] == 1
+
+
+def test_a_lone_request_is_never_held(loaded, engine_of) -> None:
+    model, tok = loaded
+    engine = engine_of(30.0)
+    with engine.arrivals.coming() as ticket:
+        handle = engine.submit(_req(tok, TEXTS[0], 4), ticket)
+        assert engine.arrivals.pending == 0  # released before it queued
+        assert len(list(handle)) == 4 and handle.done.reason == "length"
+    assert "wave held for arrivals" not in engine.stats()["paths"]
+
+
+def test_running_rows_keep_decoding_while_a_wave_is_held(loaded, engine_of) -> None:
+    model, tok = loaded
+    engine = engine_of(30.0)
+    running = engine.submit_many([_req(tok, t, 400) for t in TEXTS])
+    next(iter(running[0]))  # decoding
+    with engine.arrivals.coming() as ticket:
+        late = engine.submit(_req(tok, "one two three", 4))
+        before = engine.stats()["tokens_generated"]
+        time.sleep(0.3)
+        assert late.poll() is None and engine.stats()["waiting"] == 1
+        assert engine.stats()["tokens_generated"] > before  # the batch did not stop
+        ticket.release()
+        assert len(list(late)) == 4
+    for h in running:
+        h.cancel()
+        list(h)
