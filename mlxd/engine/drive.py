@@ -24,7 +24,8 @@ from .request import GenerationRequest, TokenEvent
 
 
 class Driving:
-    """Mixed into Engine: the turn lock, the driver, and the engine thread's wait for work."""
+    """Mixed into Engine: the turn lock, the driver, and the engine thread's wait for work
+    (with the join window's hold for requests on their way, arrivals.py)."""
 
     admission: Any
     serial_fast_path: bool
@@ -37,13 +38,14 @@ class Driving:
     _busy: Callable[[], bool]
     _submit: Callable[[list[GenerationRequest], list[RequestHandle]], list[RequestHandle]]
     _turn: Callable[..., bool]
-    _hold: Callable[[], float]
+    arrivals: Any
     drivable = True  # False: every reader waits for the engine thread (the A/B's other side)
 
     def _init_driving(self) -> None:
         self._turn_lock = threading.Lock()  # held by whichever thread runs a turn
         self._driver: RequestHandle | None = None
         self._driven: RequestHandle | None = None  # whose row a driver's turn left ready
+        self._held_for: float | None = None  # the oldest waiting request of the last hold
 
     def submit_driven(self, req: GenerationRequest) -> RequestHandle:
         """Submit `req`; read it with `drive`. If the engine is idle and this is the main
@@ -151,3 +153,16 @@ class Driving:
                     self.admission.wake.wait(wait)
                 else:
                     return
+
+    def _hold(self) -> float:
+        """Seconds the next wave still waits for requests on their way (0: admit now); on
+        the engine thread (a driver's turn admits only its own request)."""
+        if not self.admission.waiting or self.arrivals.pending <= 0:
+            return 0.0  # the per-turn fast path: no lock
+        with self.admission.wake:
+            oldest = self.admission.waiting[0][1].submitted if self.admission.waiting else None
+        wait = self.arrivals.hold(oldest)
+        if wait > 0 and oldest != self._held_for:  # a new wave held: counted once
+            self._held_for = oldest
+            self.paths["wave held for arrivals"] += 1
+        return wait

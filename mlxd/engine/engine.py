@@ -90,7 +90,6 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         # window (arrivals.py), so turns that arrive together prefill together. None: off.
         self.arrivals = arrivals or Arrivals(0.0)
         self.arrivals.attach(self.admission.wake)
-        self._held_for: float | None = None  # the oldest waiting request of the last hold
         # Bytes per token per KV scheme, for stats (probed here: the engine thread is not up).
         self.kv_cost = self.admission.kv_cost or KVCost.probe(model)
         self._kv_schemes: set[tuple[int, int]] = set()  # (bits, group) of requests seen
@@ -237,19 +236,6 @@ class Engine(PrefixRows, Routing, Turns, Driving):
                 if id(h) not in live and h.done is None:
                     h.put(DoneEvent("error", e))
             raise
-
-    def _hold(self) -> float:
-        """Seconds the next wave still waits for requests on their way (0: admit now); on
-        the engine thread (a driver's turn admits only its own request)."""
-        if not self.admission.waiting or self.arrivals.pending <= 0:
-            return 0.0  # the per-turn fast path: no lock
-        with self.admission.wake:
-            oldest = self.admission.waiting[0][1].submitted if self.admission.waiting else None
-        wait = self.arrivals.hold(oldest)
-        if wait > 0 and oldest != self._held_for:  # a new wave held: counted once
-            self._held_for = oldest
-            self.paths["wave held for arrivals"] += 1
-        return wait
 
     def _shutdown(self) -> None:
         handles = self._active() + self.admission.drain()
