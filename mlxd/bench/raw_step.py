@@ -7,7 +7,7 @@ ITL <= 1.05x generate_step's on the same machine).
 A random prompt of `--prompt-tokens` ids (seeded), greedy, `--gen-tokens` tokens; the ITL is
 the gap between tokens as the caller receives them, pooled over rounds after one of warm-up,
 as `mlxd bench serve` pools the gaps between streamed chunks. Prints one JSON line.
-`mlxd bench serve --baseline` runs this in its own process after the servers.
+`mlxd bench serve --baseline` runs this in its own process before each one-agent round.
 """
 
 import argparse

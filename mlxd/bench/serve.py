@@ -7,13 +7,13 @@ its own so that no prompt cache carries over from one N to the next."""
 import asyncio
 import json
 import shlex
-import statistics
-import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .baseline import baseline_line, pooled_baseline, run_baseline
 from .fleet import Workload, aggregate, banned_tokens, build_workload, run_fleet
 from .plot import SERVE_METRICS, markdown, plot
 from .report import spread
@@ -68,8 +68,15 @@ def bench_command(args: Any, model: Path) -> str:
 
 
 def run_side(
-    side: str, args: Any, model: Path, wls: dict[tuple[Any, int], Workload], log_dir: Path
+    side: str,
+    args: Any,
+    model: Path,
+    wls: dict[tuple[Any, int], Workload],
+    log_dir: Path,
+    bound: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """One server for every N and round; `bound`, if given, runs (and is kept) just before each
+    one-agent round, while the server idles (bench/baseline.py)."""
     extra = shlex.split(args.mlxd_args if side == "mlxd" else args.mlx_lm_args)
     cap = args.batch if side == "mlxd" else mlx_lm_cap(extra)
     data = log_dir / "mlxd-data"
@@ -89,9 +96,11 @@ def run_side(
             if (w := wls.get(("warmup", 0))) is not None:  # untimed: JIT kernels, cuDNN graphs
                 out["warmup"] = run_one(srv, sampler, w, -1)["figures"]
             for n in args.agents:
-                out["runs"][str(n)] = [
-                    run_one(srv, sampler, wls[n, r], r) for r in range(args.rounds)
-                ]
+                out["runs"][str(n)] = []
+                for r in range(args.rounds):
+                    if bound is not None and n == 1:
+                        out.setdefault("baseline", []).append(bound())
+                    out["runs"][str(n)].append(run_one(srv, sampler, wls[n, r], r))
             hwm = lifetime_peak_rss_bytes(srv.proc.pid)
             out["lifetime_peak_rss_gb"] = None if hwm is None else hwm / 1e9
         finally:
@@ -189,12 +198,13 @@ def run_serve(args: Any) -> int:
         "log_dir": str(log_dir),
         "sides": {},
     }
-    baseline = [run_baseline(args, model)] if getattr(args, "baseline", False) else []
+    bound = (lambda: run_baseline(args, model)) if getattr(args, "baseline", False) else None
     for side in sides:
-        result["sides"][side] = run_side(side, args, model, wls, log_dir)
+        result["sides"][side] = run_side(side, args, model, wls, log_dir, bound)
         save_json(result, args)
-    if baseline:  # before and after the servers: the host drifts between runs
-        result["baseline"] = pooled_baseline(baseline + [run_baseline(args, model)])
+    if bound is not None:
+        runs = [b for data in result["sides"].values() for b in data.get("baseline", [])]
+        result["baseline"] = pooled_baseline(runs)
     result["summary"] = summarize(result, args.agents)
     save_json(result, args)
     table = markdown(result) + baseline_line(result)
@@ -204,52 +214,6 @@ def run_serve(args: Any) -> int:
         plot(result, args.plot)
     print(table, flush=True)
     return _verdict(result)
-
-
-def run_baseline(args: Any, model: Path) -> dict[str, Any]:
-    """mlx-lm's generate_step alone (bench/raw_step.py, in its own process) on a prompt the size
-    of an agent's first turn: the bound for a lone agent's ITL."""
-    cmd = [sys.executable, "-m", "mlxd.bench.raw_step", "--model", str(model)]
-    cmd += ["--prompt-tokens", str(args.system_tokens + 40), "--gen-tokens", str(args.max_tokens)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        return {"command": cmd, "error": done.stderr[-2000:]}
-    return {"command": cmd} | json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def pooled_baseline(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The runs' ITL as the median of all their rounds' medians, each run kept."""
-    ok = [r for r in runs if "itl_p50_ms" in r]
-    if not ok:
-        return {"runs": runs, "error": "every generate_step run failed (see runs)"}
-    rounds = [x for r in ok for x in r["round_p50_ms"]]
-    first = ok[0]
-    return {
-        "itl_p50_ms": statistics.median(rounds),
-        "round_p50_ms": rounds,
-        "prompt_tokens": first["prompt_tokens"],
-        "gen_tokens": first["gen_tokens"],
-        "runs": runs,
-    }
-
-
-def baseline_line(result: dict[str, Any]) -> str:
-    """One agent's ITL p50 through each server against generate_step's (issue 6, point 1)."""
-    base, one = result.get("baseline"), result.get("summary", {}).get("1")
-    if not base or "itl_p50_ms" not in base or one is None:
-        return ""
-    cells = [
-        f"{LABEL[side]} {one[side]['itl_p50_ms']['median']:.2f} ms = "
-        f"{one[side]['itl_p50_ms']['median'] / base['itl_p50_ms']:.3f}x"
-        for side in SIDES
-        if side in one and one[side].get("itl_p50_ms")
-    ]
-    return (
-        f"\n1 agent, ITL p50 against mlx-lm generate_step alone ({base['itl_p50_ms']:.2f} ms, "
-        f"{base['prompt_tokens']}-token prompt, before and after the servers): "
-        + "; ".join(cells)
-        + "\n"
-    )
 
 
 def save_json(result: dict[str, Any], args: Any) -> None:

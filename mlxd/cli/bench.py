@@ -139,8 +139,9 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
     v.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to ready")
     v.add_argument(
         "--baseline", action="store_true",
-        help="after the servers, mlx-lm's generate_step alone on a first-turn-sized prompt: "
-        "the 1-agent ITL is reported against it (python -m mlxd.bench.raw_step)",
+        help="before each 1-agent round, mlx-lm's generate_step alone on a first-turn-sized "
+        "prompt (python -m mlxd.bench.raw_step): the 1-agent ITL is reported against it, "
+        "pooled and round by round",
     )  # fmt: skip
     o = s.add_argument_group("output")
     o.add_argument("--json", default=None, metavar="OUT", help="every raw number")

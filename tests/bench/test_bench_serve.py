@@ -21,7 +21,7 @@ def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[...,
     argv += ["--turns", str(TURNS), "--max-tokens", str(MAX_TOKENS), "--system-tokens", "200"]
     argv += ["--json", str(out), "--markdown", str(md), "--plot", str(png)]
     argv += ["--warmup", "1", "--mlxd-args", "--batched-attention folded"]
-    argv += ["--temperature", "0.8", "--baseline"]  # sampled agents; generate_step alone after
+    argv += ["--temperature", "0.8", "--baseline"]  # sampled agents; generate_step before N=1
     main([*argv, "--log-dir", str(tmp_path / "logs")])  # returns normally: no failed request
     result = json.loads(out.read_text())
     assert set(result["sides"]) == {"mlx_lm", "mlxd"}
@@ -70,9 +70,14 @@ def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[...,
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     base = result["baseline"]
     assert base["prompt_tokens"] == 240 and base["gen_tokens"] == MAX_TOKENS
-    assert base["itl_p50_ms"] > 0 and len(base["round_p50_ms"]) == 6  # 3 before, 3 after
+    # One generate_step run (2 rounds) just before each server's one-agent round, none for N=2.
+    for data in result["sides"].values():
+        (run,) = data["baseline"]
+        assert run["itl_p50_ms"] > 0 and len(run["round_p50_ms"]) == 2
+    assert base["itl_p50_ms"] > 0 and len(base["round_p50_ms"]) == 4 and len(base["runs"]) == 2
     assert "1 agent, ITL p50 against mlx-lm generate_step alone" in table
-    assert "mlxd " in table.rsplit("generate_step alone", 1)[1]
+    cells = table.rsplit("generate_step alone", 1)[1]
+    assert "mlxd " in cells and cells.count(", per round ") == 2
 
 
 def _req(ttft: float, chunks: list[float], tokens: int, error: str | None = None) -> dict:
@@ -132,7 +137,7 @@ class CharTokenizer:
 
 
 def test_the_baseline_line_puts_each_servers_lone_agent_against_generate_step() -> None:
-    from mlxd.bench.serve import baseline_line, pooled_baseline
+    from mlxd.bench.baseline import baseline_line, pooled_baseline
 
     one = {
         "mlxd": {"itl_p50_ms": {"median": 10.5}},
@@ -140,14 +145,38 @@ def test_the_baseline_line_puts_each_servers_lone_agent_against_generate_step() 
     }
     result = {"baseline": {"itl_p50_ms": 10.0, "prompt_tokens": 3640}, "summary": {"1": one}}
     line = baseline_line(result)
-    assert "(10.00 ms, 3640-token prompt, before and after the servers)" in line
+    assert "(10.00 ms, 3640-token prompt, run before each server round)" in line
     assert "mlxd 10.50 ms = 1.050x" in line and "mlx-lm 21.00 ms = 2.100x" in line
+    assert "per round" not in line  # no side data: no pairs to show
     assert baseline_line({"summary": {"1": one}}) == ""  # no baseline run
     assert baseline_line({"baseline": {"error": "x"}, "summary": {"1": one}}) == ""
     run = {"round_p50_ms": [9.0, 12.0], "prompt_tokens": 40, "gen_tokens": 8, "itl_p50_ms": 1}
     pooled = pooled_baseline([run, {"error": "gone"}, dict(run, round_p50_ms=[10.0])])
     assert pooled["itl_p50_ms"] == 10.0 and len(pooled["runs"]) == 3  # the median of all rounds
     assert "error" in pooled_baseline([{"error": "gone"}])
+
+
+def test_each_lone_agent_round_is_paired_with_the_bound_run_just_before_it() -> None:
+    from mlxd.bench.baseline import baseline_line, paired_ratios
+
+    def rounds(*itls: float) -> list[dict]:
+        return [{"figures": {"itl_p50_ms": x}} for x in itls]
+
+    # A slow stretch (bound 8 ms) and a fast one (4 ms): pooled, the server's 4.4 ms round
+    # would look faster than the bound; paired, every round is 1.1x the run beside it.
+    mlxd = {"runs": {"1": rounds(8.8, 4.4, 4.4)}}
+    mlxd["baseline"] = [{"itl_p50_ms": 8.0}, {"itl_p50_ms": 4.0}, {"itl_p50_ms": 4.0}]
+    assert paired_ratios(mlxd) == pytest.approx([1.1, 1.1, 1.1])
+    failed = {"runs": {"1": rounds(5.0, 6.0)}, "baseline": [{"error": "x"}, {"itl_p50_ms": 4.0}]}
+    assert paired_ratios(failed) == [1.5]  # a failed bound run pairs with nothing
+    assert paired_ratios({"runs": {"2": rounds(1.0)}}) == []
+    one = {"mlxd": {"itl_p50_ms": {"median": 4.4}}}
+    result = {
+        "baseline": {"itl_p50_ms": 4.0, "prompt_tokens": 40},
+        "summary": {"1": one},
+        "sides": {"mlxd": {"runs": {"1": rounds(8.8, 4.4, 4.0)}, "baseline": mlxd["baseline"]}},
+    }
+    assert "mlxd 4.40 ms = 1.100x, per round 1.100x [1.000-1.100]" in baseline_line(result)
 
 
 def test_prompt_words_are_deterministic_and_just_long_enough() -> None:
