@@ -17,7 +17,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import row_matmul, rows_kernel
 from .decode_kernel import available, flash_attention, supports
 from .fused_projections import Stacked, fused_mlp, stacked_qkv
 from .shared_attention import shared_prefix_attention
@@ -27,11 +26,9 @@ from .shared_attention import shared_prefix_attention
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 # folded+fused: also q/k/v and gate/up as one matmul each (model/fused_projections.py);
 # flash: the attention itself as two CUDA kernels (model/decode_kernel.py, CUDA only);
-# +shared: the decoding rows' shared prefix held once (kv/shared_prefix.py);
-# +rows: the step's projections and head through rows_kernel.py, not cuBLASLt (CUDA only).
+# +shared: the decoding rows' shared prefix held once (kv/shared_prefix.py).
 MODES = (
-    "mlx", "folded", "folded+fused", "flash", "flash+fused", "folded+shared", "folded+fused+shared",
-    "folded+fused+rows",
+    "mlx", "folded", "folded+fused", "flash", "flash+fused", "folded+shared", "folded+fused+shared"
 )  # fmt: skip
 
 
@@ -48,10 +45,6 @@ def is_shared(mode: str) -> bool:
     return mode.endswith("+shared")
 
 
-def is_rows(mode: str) -> bool:
-    return mode.endswith("+rows")
-
-
 def is_flash(mode: str) -> bool:
     return mode.startswith("flash")
 
@@ -60,14 +53,12 @@ def for_mode(model: nn.Module, mode: str) -> nn.Module:
     """The model a batch of this --batched-attention mode steps."""
     if not is_folded(mode):
         return model
-    return folded(model, fuse=is_fused(mode), flash=is_flash(mode), rows=is_rows(mode))
+    return folded(model, fuse=is_fused(mode), flash=is_flash(mode))
 
 
 def missing(mode: str) -> str | None:
-    """What this machine lacks for this --batched-attention mode (CUDA kernels), or None."""
-    if is_flash(mode):
-        return available()
-    return rows_kernel.available() if is_rows(mode) else None
+    """What this machine lacks for this --batched-attention mode (flash's CUDA), or None."""
+    return available() if is_flash(mode) else None
 
 
 def unsupported(model: Any, mode: str = "folded") -> str | None:
@@ -81,38 +72,28 @@ def unsupported(model: Any, mode: str = "folded") -> str | None:
 
 
 def folded(
-    model: nn.Module,
-    align: int | None = None,
-    fuse: bool = False,
-    flash: bool = False,
-    rows: bool = False,
+    model: nn.Module, align: int | None = None, fuse: bool = False, flash: bool = False
 ) -> nn.Module:
     """A model sharing `model`'s weights whose batched decode attention is folded, over keys
     padded to a multiple of `align` (default: `key_alignment()`); `fuse`: its batched decode
     steps also run q/k/v and gate/up as one matmul each, over copies of those weights; `flash`:
-    the attention runs as decode_kernel.py's CUDA kernels (no padding needed); `rows`: those
-    steps' projections and head run through rows_kernel.py (with `fuse`)."""
+    the attention runs as decode_kernel.py's CUDA kernels (no padding needed)."""
     align = key_alignment() if align is None else align
-    mode = "flash" if flash else "folded+fused+rows" if rows else "folded"
-    if (why := unsupported(model, mode)) is not None:
+    if (why := unsupported(model, "flash" if flash else "folded")) is not None:
         raise ValueError(why)
     shadow = copy.copy(model)
     inner = copy.copy(model.model)
     layers = []
     masks = AlignedMasks()  # one per model: every layer of a step gets the same mask
-    parts = row_matmul.parts() if rows else frozenset()
     for layer in model.model.layers:
         twin = copy.copy(layer)
-        attn = row_matmul.with_rows(layer.self_attn, "o_proj") if "o" in parts else layer.self_attn
-        twin.self_attn = FoldedAttention(attn, align, masks, flash)
+        twin.self_attn = FoldedAttention(layer.self_attn, align, masks, flash)
         if fuse:
-            twin.self_attn.qkv = stacked_qkv(layer.self_attn, "qkv" in parts)
-            twin.mlp = fused_mlp(layer.mlp, "gate_up" in parts, "down" in parts)
+            twin.self_attn.qkv = stacked_qkv(layer.self_attn)
+            twin.mlp = fused_mlp(layer.mlp)
         layers.append(twin)
     inner.layers = layers
     shadow.model = inner
-    if "head" in parts:
-        row_matmul.rows_head(shadow, inner)
     return shadow
 
 

@@ -15,33 +15,24 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.activations import swiglu
 
-from . import rows_kernel
-from .row_matmul import RowsMatmul, few_rows, with_rows
-
 
 class Stacked:
     """Linear or QuantizedLinear layers of one kind fed the same input, as one matmul over
-    their weights stacked by output row; `__call__` returns each layer's output. `rows`: a
-    batched decode step's rows go through rows_kernel.py (unquantized half weights)."""
+    their weights stacked by output row; `__call__` returns each layer's output."""
 
-    def __init__(self, linears: list[nn.Module], rows: bool = False) -> None:
+    def __init__(self, linears: list[nn.Module]) -> None:
         first = linears[0]
         self.quant = isinstance(first, nn.QuantizedLinear)
         if self.quant:
             self.group_size, self.bits, self.mode = first.group_size, first.bits, first.mode
         keys = [k for k in ("weight", "scales", "biases", "bias") if k in first]
         self.arrays = {k: mx.concatenate([lin[k] for lin in linears], axis=0) for k in keys}
-        widths = [lin["weight"].shape[0] for lin in linears]
-        self.edges = list(itertools.accumulate(widths))[:-1]
-        routed = rows and not self.quant and rows_kernel.supports(self.arrays["weight"])
-        self.rows = RowsMatmul(self.arrays["weight"]) if routed else None
+        rows = [lin["weight"].shape[0] for lin in linears]
+        self.edges = list(itertools.accumulate(rows))[:-1]
 
     def __call__(self, x: mx.array) -> list[mx.array]:
         a = self.arrays
-        if self.rows is not None and few_rows(x):
-            y = self.rows(x)
-            y = y + a["bias"] if "bias" in a else y
-        elif self.quant:
+        if self.quant:
             y = mx.quantized_matmul(
                 x, a["weight"], scales=a["scales"], biases=a.get("biases"), transpose=True,
                 group_size=self.group_size, bits=self.bits, mode=self.mode,
@@ -78,30 +69,29 @@ class FusedMLP(nn.Module):
     """Wraps one swiglu MLP: a one-token step of several rows runs gate and up as one matmul;
     anything else goes to the original module, op for op."""
 
-    def __init__(self, inner: nn.Module, rows: bool = False, rows_down: bool = False) -> None:
+    def __init__(self, inner: nn.Module) -> None:
         super().__init__()
-        self.inner = with_rows(inner, "down_proj") if rows_down else inner
-        self._gate_up = Stacked([inner.gate_proj, inner.up_proj], rows)
+        self.inner = inner
+        self._gate_up = Stacked([inner.gate_proj, inner.up_proj])
 
     def __call__(self, x: mx.array) -> mx.array:
-        if not few_rows(x):
+        if x.ndim != 3 or x.shape[1] != 1 or x.shape[0] < 2:
             return self.inner(x)
         gate, up = self._gate_up(x)
         return self.inner.down_proj(swiglu(gate, up))
 
 
-def fused_mlp(mlp: Any, rows: bool = False, rows_down: bool = False) -> Any:
-    """`mlp` wrapped in FusedMLP where its class and projections allow, else `mlp` itself;
-    `rows` / `rows_down`: gate/up / down through rows_kernel.py in a batched decode step."""
+def fused_mlp(mlp: Any) -> Any:
+    """`mlp` wrapped in FusedMLP where its class and projections allow, else `mlp` itself."""
     if type(mlp) not in _swiglu_mlps() or not stackable([mlp.gate_proj, mlp.up_proj]):
         return mlp
-    return FusedMLP(mlp, rows, rows_down)
+    return FusedMLP(mlp)
 
 
-def stacked_qkv(attn: Any, rows: bool = False) -> Stacked | None:
+def stacked_qkv(attn: Any) -> Stacked | None:
     """One matmul for an attention module's q, k and v projections, or None."""
     parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
-    return Stacked(parts, rows) if None not in parts and stackable(parts) else None
+    return Stacked(parts) if None not in parts and stackable(parts) else None
 
 
 def stacked_bytes(model: Any) -> int:
