@@ -179,7 +179,8 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds a thread may hold the GIL while another waits for it (Python's "
         "sys.setswitchinterval; default: Python's 0.005), or 'engine': Python's while the "
-        "engine builds a batched step, 0.2 ms around its device waits (engine/gil.py)",
+        "engine builds a batched step, 0.2 ms around its device waits and while a lone row "
+        "decodes (engine/gil.py)",
     )
     g.add_argument(
         "--join-window",

@@ -6,6 +6,7 @@ the holder off. So the engine, back from a device wait, can wait up to 5 ms for 
 the loop, woken by the step's tokens, preempts the engine's graph build after one interval.
 Here the interval is long while the engine builds a step (the loop writes during the step's
 device waits instead) and short around those waits (the engine takes the GIL back quickly).
+A lone serial row keeps the short interval throughout: the loop has one frame a token to write.
 """
 
 import sys
@@ -23,6 +24,11 @@ class StepPhases:
         sys.setswitchinterval(self.build_s)
 
     def waiting(self) -> None:
+        sys.setswitchinterval(self.wait_s)
+
+    def alone(self) -> None:
+        """A lone serial row: the short interval throughout. The loop writes one frame a token,
+        so the engine loses little to it and takes the GIL back soonest (H200, session 25)."""
         sys.setswitchinterval(self.wait_s)
 
 

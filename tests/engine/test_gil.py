@@ -69,3 +69,34 @@ def test_step_phases_only_for_engine(interval) -> None:
     sys.setswitchinterval(0.003)
     assert step_phases("engine") == StepPhases(build_s=pytest.approx(0.003))
     assert step_phases(None) is None and step_phases(0.001) is None
+
+
+def test_a_lone_row_decodes_under_the_short_interval_with_generate_steps_bits(
+    tiny_model: Callable[..., Path], monkeypatch, interval
+) -> None:
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    from mlxd.engine.serial import SerialRow
+
+    model, tok = load(str(tiny_model("qwen3")))
+    prompt = tok.encode(TEXTS[1])
+    ref = [(t, lp) for t, lp in generate_step(mx.array(prompt), model, max_tokens=8)]
+    seen: list[float] = []  # the interval at each of the lone row's decode calls
+    decode = SerialRow.decode
+
+    def spying(self):
+        seen.append(sys.getswitchinterval())
+        return decode(self)
+
+    monkeypatch.setattr(SerialRow, "decode", spying)
+    sys.setswitchinterval(PHASES.build_s)  # as a batched step's build leaves it
+    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, phases=PHASES))
+    try:
+        (handle,) = engine.submit_many([GenerationRequest(prompt=mx.array(prompt), max_tokens=8)])
+        got = [(e.token, e.logprobs) for e in handle]
+    finally:
+        engine.close()
+    assert [t for t, _ in got] == [t for t, _ in ref]
+    assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(got, ref, strict=True))
+    assert len(seen) >= 7 and all(s == pytest.approx(PHASES.wait_s) for s in seen)
