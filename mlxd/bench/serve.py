@@ -1,10 +1,11 @@
 """`mlxd bench serve`: the agent-fleet benchmark of the mlxd server against mlx_lm.server.
 
-Each side runs as its own subprocess, one after the other (never both at once): one server per
-side per run, every N (and every round) against that same warm server, with a system prompt of
-its own so that no prompt cache carries over from one N to the next."""
+Each side runs as its own subprocess: one server per side per run, every N (and every round)
+against that same warm server, with a system prompt of its own so that no prompt cache carries
+over from one N to the next. The sides run one after the other, or with `--interleave` both up
+at once, round by round (side.py)."""
 
-import asyncio
+import contextlib
 import json
 import shlex
 import sys
@@ -14,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from .baseline import baseline_line, pooled_baseline, run_baseline
-from .fleet import Workload, aggregate, banned_tokens, build_workload, run_fleet
+from .fleet import Workload, banned_tokens, build_workload
 from .plot import SERVE_METRICS, markdown, plot
 from .report import spread
-from .servers import LABEL, SIDES, RSSSampler, Server, command, free_port, lifetime_peak_rss_bytes
-
-MLX_LM_DEFAULT_CAP = 32  # mlx_lm.server's --decode-concurrency default
+from .rounds import rounds_line
+from .servers import LABEL, SIDES
+from .side import ServedSide
 
 
 def resolve_model(ref: str | None) -> Path:
@@ -43,13 +44,6 @@ def load_tokenizer(model: Path) -> tuple[Any, list[int]]:
     return tok, sorted(tok.eos_token_ids)
 
 
-def mlx_lm_cap(extra: list[str]) -> int:
-    for i, flag in enumerate(extra):
-        if flag.startswith("--decode-concurrency"):
-            return int(flag.split("=", 1)[1] if "=" in flag else extra[i + 1])
-    return MLX_LM_DEFAULT_CAP
-
-
 def bench_command(args: Any, model: Path) -> str:
     """The command line that reproduces this run (outputs left out)."""
     parts = ["mlxd bench serve", f"--model {model}", f"--agents {','.join(map(str, args.agents))}"]
@@ -62,6 +56,7 @@ def bench_command(args: Any, model: Path) -> str:
     parts += [f"--top-p {args.top_p}"] if getattr(args, "top_p", 1.0) != 1.0 else []
     parts += [f"--only {args.only}"] if args.only else []
     parts += ["--baseline"] if getattr(args, "baseline", False) else []
+    parts += ["--interleave"] if getattr(args, "interleave", False) else []
     for flag, value in (("--mlxd-args", args.mlxd_args), ("--mlx-lm-args", args.mlx_lm_args)):
         parts += [f"{flag} {shlex.quote(value)}"] if value else []
     return " ".join(parts)
@@ -77,72 +72,35 @@ def run_side(
 ) -> dict[str, Any]:
     """One server for every N and round; `bound`, if given, runs (and is kept) just before each
     one-agent round, while the server idles (bench/baseline.py)."""
-    extra = shlex.split(args.mlxd_args if side == "mlxd" else args.mlx_lm_args)
-    cap = args.batch if side == "mlxd" else mlx_lm_cap(extra)
-    data = log_dir / "mlxd-data"
-    cmd = command(side, str(model), free_port(), args.batch, extra, data)
-    port = int(cmd[cmd.index("--port") + 1])
-    out: dict[str, Any] = {"command": cmd, "cap": cap, "runs": {}}
-    if max(args.agents) > cap:
-        print(f"note: N > {LABEL[side]}'s cap of {cap} rows: requests wait", file=sys.stderr)
-    with Server(side, cmd, port, log_dir) as srv:
-        out["log"] = str(srv.log_path)
-        out["ready_s"] = srv.wait_ready(args.startup_timeout)
-        assert srv.proc is not None
-        sampler = RSSSampler(srv.proc.pid)
-        sampler.start()
-        out["idle_rss_gb"] = sampler.current / 1e9
-        try:
-            if (w := wls.get(("warmup", 0))) is not None:  # untimed: JIT kernels, cuDNN graphs
-                out["warmup"] = run_one(srv, sampler, w, -1)["figures"]
-            for n in args.agents:
-                out["runs"][str(n)] = []
-                for r in range(args.rounds):
-                    if bound is not None and n == 1:
-                        out.setdefault("baseline", []).append(bound())
-                    out["runs"][str(n)].append(run_one(srv, sampler, wls[n, r], r))
-            hwm = lifetime_peak_rss_bytes(srv.proc.pid)
-            out["lifetime_peak_rss_gb"] = None if hwm is None else hwm / 1e9
-        finally:
-            sampler.stop()
-    return out
+    with ServedSide(side, args, model, wls, log_dir, bound) as s:
+        for n in args.agents:
+            for r in range(args.rounds):
+                s.round(n, r)
+    return s.out
 
 
-def run_one(srv: Server, sampler: RSSSampler, wl: Workload, r: int) -> dict[str, Any]:
-    sampler.reset()
-    before = srv.metrics()
-    records, wall = asyncio.run(run_fleet(srv.url, wl, timeout_s=3600.0))
-    fig = aggregate(records, wall, wl.max_tokens) | {"peak_rss_gb": sampler.peak / 1e9}
-    after = srv.metrics()
-    waits = engine_waits(before, after)
-    split = "".join(f", {k} mean {v:.3f} s" for k, v in (waits or {}).items())
-    print(
-        f"[{LABEL[srv.side]}] N={wl.agents} round {r}: {fig['output_tokens']} tokens in "
-        f"{wall:.2f} s = {fig['output_tok_s']:.1f} tok/s, TTFT p50 {fig['ttft_p50_s'] or 0:.3f} s,"
-        f" peak RSS {fig['peak_rss_gb']:.3f} GB, errors {fig['errors']}{split}",
-        file=sys.stderr,
-        flush=True,
-    )
-    out = {"figures": fig, "server_metrics": after, "requests": records}
-    return out | ({"engine_waits": waits} if waits else {})
-
-
-def engine_waits(before: dict | None, after: dict | None) -> dict[str, float] | None:
-    """Mean queue and prefill time per row over one run, from mlxd's /metrics totals (the
-    engine's split of TTFT); None for a server without them."""
-    if before is None or after is None:
-        return None
-    out = {}
-    for part in ("queue", "prefill"):
-        total = count = 0.0
-        for name, v in after.items():
-            if name.startswith(f"mlxd_request_{part}_seconds_"):
-                d = v - before.get(name, 0.0)
-                total += d if "_sum{" in name else 0.0
-                count += d if "_count{" in name else 0.0
-        if count:
-            out[part] = total / count
-    return out or None
+def run_interleaved(
+    sides: list[str],
+    args: Any,
+    model: Path,
+    wls: dict[tuple[Any, int], Workload],
+    log_dir: Path,
+    bound: Callable[[], dict[str, Any]] | None = None,
+    saved: Callable[[dict[str, Any]], None] = lambda sides: None,
+) -> dict[str, Any]:
+    """Both servers up at once, each round on each in turn, the order swapped every round
+    (mlx_lm.server first in even rounds) so neither always runs in the other's wake; `saved`
+    gets the sides so far after every round (a run killed at a time limit keeps them)."""
+    with contextlib.ExitStack() as stack:
+        served = []
+        for side in sides:  # one at a time: each server's port is picked as it starts
+            served.append(stack.enter_context(ServedSide(side, args, model, wls, log_dir, bound)))
+        for n in args.agents:
+            for r in range(args.rounds):
+                for s in served if r % 2 == 0 else served[::-1]:
+                    s.round(n, r)
+                saved({s.side: s.out for s in served})
+    return {s.side: s.out for s in served}
 
 
 def summarize(result: dict[str, Any], ns: list[int]) -> dict[str, Any]:
@@ -199,7 +157,12 @@ def run_serve(args: Any) -> int:
         "sides": {},
     }
     bound = (lambda: run_baseline(args, model)) if getattr(args, "baseline", False) else None
-    for side in sides:
+    if getattr(args, "interleave", False) and len(sides) > 1:
+        result["interleaved"] = True
+        result["sides"] = run_interleaved(
+            sides, args, model, wls, log_dir, bound, lambda so_far: save_json(result, args, so_far)
+        )
+    for side in [] if result.get("interleaved") else sides:
         result["sides"][side] = run_side(side, args, model, wls, log_dir, bound)
         save_json(result, args)
     if bound is not None:
@@ -207,7 +170,7 @@ def run_serve(args: Any) -> int:
         result["baseline"] = pooled_baseline(runs)
     result["summary"] = summarize(result, args.agents)
     save_json(result, args)
-    table = markdown(result) + baseline_line(result)
+    table = markdown(result) + rounds_line(result, args.agents) + baseline_line(result)
     if args.markdown:
         Path(args.markdown).write_text(table)
     if args.plot:
@@ -216,10 +179,12 @@ def run_serve(args: Any) -> int:
     return _verdict(result)
 
 
-def save_json(result: dict[str, Any], args: Any) -> None:
-    # After every side, so a run killed at a time limit keeps what it measured.
+def save_json(result: dict[str, Any], args: Any, sides: dict[str, Any] | None = None) -> None:
+    # After every side (or interleaved round), so a run killed at a time limit keeps what it
+    # measured; `sides`: the interleaved sides so far.
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+        out = result if sides is None else result | {"sides": sides}
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
 
 
 def _verdict(result: dict[str, Any]) -> int:

@@ -105,7 +105,8 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
         help="agent fleet over HTTP, mlxd serve vs mlx_lm.server",
         description="N agents share one long system prompt and run T streamed chat turns each, "
         "all at once, against an mlxd server and an mlx_lm.server on the same model (one after "
-        "the other): output tok/s, TTFT and inter-chunk latency p50 / p99, peak RSS.",
+        "the other, or interleaved round by round): output tok/s, TTFT and inter-chunk "
+        "latency p50 / p99, peak RSS.",
     )
     w = s.add_argument_group("workload (greedy by default; EOS and control tokens banned)")
     w.add_argument("--model", default=None, help="local MLX model folder (default: embedded)")
@@ -137,6 +138,12 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
     v.add_argument("--mlx-lm-args", default="", help="extra flags for mlx_lm.server, one string")
     v.add_argument("--only", choices=("mlxd", "mlx-lm"), default=None, help="run one side")
     v.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to ready")
+    v.add_argument(
+        "--interleave", action="store_true",
+        help="both servers up at once (the model loaded twice), each round run on each in turn, "
+        "the order swapped every round: round r of each server minutes apart, for the "
+        "round-by-round ratios (default: one server after the other)",
+    )  # fmt: skip
     v.add_argument(
         "--baseline", action="store_true",
         help="before each 1-agent round, mlx-lm's generate_step alone on a first-turn-sized "

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mlxd.bench.fleet import aggregate, build_workload, text_of_tokens
-from mlxd.bench.serve import engine_waits, summarize
+from mlxd.bench.serve import summarize
+from mlxd.bench.side import engine_waits
 from mlxd.cli import main
 
 AGENTS, TURNS, MAX_TOKENS = (1, 2), 2, 8
@@ -78,6 +79,47 @@ def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[...,
     assert "1 agent, ITL p50 against mlx-lm generate_step alone" in table
     cells = table.rsplit("generate_step alone", 1)[1]
     assert "mlxd " in cells and cells.count(", per round ") == 2
+
+
+def test_bench_serve_interleaved_runs_round_r_on_each_server_in_turn(
+    tmp_path: Path, tiny_model: Callable[..., Path], capsys
+) -> None:
+    out, md = tmp_path / "serve.json", tmp_path / "serve.md"
+    argv = ["bench", "serve", "--model", str(tiny_model("qwen3")), "--agents", "2"]
+    argv += ["--turns", "1", "--max-tokens", "4", "--system-tokens", "100", "--rounds", "3"]
+    argv += ["--interleave", "--json", str(out), "--markdown", str(md)]
+    main([*argv, "--log-dir", str(tmp_path / "logs")])
+    result = json.loads(out.read_text())
+    assert result["interleaved"] is True and "--interleave" in result["command"]
+    for data in result["sides"].values():
+        assert [r["figures"]["requests"] for r in data["runs"]["2"]] == [2, 2, 2]
+    # Both servers stay up: round by round, the order swapped every round.
+    order = [line.split(" N=")[0] + line.split("round")[1][:2] for line in
+             capsys.readouterr().err.splitlines() if " N=2 round " in line]  # fmt: skip
+    assert order == ["[mlx-lm] 0", "[mlxd] 0", "[mlxd] 1", "[mlx-lm] 1", "[mlx-lm] 2", "[mlxd] 2"]
+    assert "mlxd/mlx-lm round by round (rounds run interleaved): N=2: tok/s " in md.read_text()
+
+
+def test_round_ratios_pair_round_r_of_each_server() -> None:
+    from mlxd.bench.rounds import round_ratios, rounds_line
+
+    def runs(*figs: tuple[float, float | None]) -> list[dict]:
+        return [{"figures": {"output_tok_s": t, "ttft_p99_s": p}} for t, p in figs]
+
+    sides = {
+        "mlx_lm": {"runs": {"8": runs((100, 2.0), (50, 4.0), (80, None)), "1": runs((9, 1))}},
+        "mlxd": {"runs": {"8": runs((200, 0.5), (90, 1.0), (160, 0.4)), "1": runs((10, 1))}},
+    }
+    result = {"sides": sides, "interleaved": True}
+    assert round_ratios(result, 8, "output_tok_s") == pytest.approx([2.0, 1.8, 2.0])
+    assert round_ratios(result, 8, "ttft_p99_s") == pytest.approx([0.25, 0.25])  # None skipped
+    line = rounds_line(result, [1, 8])
+    assert line == (
+        "\nmlxd/mlx-lm round by round (rounds run interleaved): "
+        "N=8: tok/s 2.000x [1.800-2.000], TTFT p99 0.250x [0.250-0.250]\n"
+    )  # N=1 has one round: nothing to spread
+    assert "one side after the other" in rounds_line({"sides": sides}, [8])
+    assert rounds_line({"sides": {"mlxd": sides["mlxd"]}}, [8]) == ""  # --only: no pairs
 
 
 def _req(ttft: float, chunks: list[float], tokens: int, error: str | None = None) -> dict:
