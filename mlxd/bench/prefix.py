@@ -21,6 +21,7 @@ from .fleet import Workload, banned_tokens, build_workload, stream_chat
 from .prefix_report import markdown, summarize
 from .serve import load_tokenizer, resolve_model, run_side, save_json
 from .servers import Server, command, free_port
+from .side import Plan
 
 SECTIONS = ("agents", "restart", "fleet")
 
@@ -169,7 +170,7 @@ def run_fleets(b: Bench) -> dict[str, Any]:
         side_args = _FleetArgs(a, f"{a.mlxd_args} {flags}".strip())
         folder = b.log_dir / f"fleet-{mode}"
         folder.mkdir(parents=True, exist_ok=True)
-        out[mode] = run_side("mlxd", side_args, b.model, wls, folder)
+        out[mode] = run_side("mlxd", Plan(side_args, b.model, wls, folder))
     return out
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from .baseline import baseline_line, pooled_baseline, run_baseline
-from .fleet import Workload, banned_tokens, build_workload
+from .fleet import banned_tokens, build_workload
 from .plot import SERVE_METRICS, markdown, plot
 from .report import spread
 from .rounds import rounds_line
 from .servers import LABEL, SIDES
-from .side import ServedSide
+from .side import Plan, ServedSide
 
 
 def resolve_model(ref: str | None) -> Path:
@@ -62,41 +62,26 @@ def bench_command(args: Any, model: Path) -> str:
     return " ".join(parts)
 
 
-def run_side(
-    side: str,
-    args: Any,
-    model: Path,
-    wls: dict[tuple[Any, int], Workload],
-    log_dir: Path,
-    bound: Callable[[], dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """One server for every N and round; `bound`, if given, runs (and is kept) just before each
-    one-agent round, while the server idles (bench/baseline.py)."""
-    with ServedSide(side, args, model, wls, log_dir, bound) as s:
-        for n in args.agents:
-            for r in range(args.rounds):
+def run_side(side: str, plan: Plan) -> dict[str, Any]:
+    """One server for every N and round (the bound, if any, while the server idles)."""
+    with ServedSide(side, plan) as s:
+        for n in plan.args.agents:
+            for r in range(plan.args.rounds):
                 s.round(n, r)
     return s.out
 
 
 def run_interleaved(
-    sides: list[str],
-    args: Any,
-    model: Path,
-    wls: dict[tuple[Any, int], Workload],
-    log_dir: Path,
-    bound: Callable[[], dict[str, Any]] | None = None,
-    saved: Callable[[dict[str, Any]], None] = lambda sides: None,
+    sides: list[str], plan: Plan, saved: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
     """Both servers up at once, each round on each in turn, the order swapped every round
     (mlx_lm.server first in even rounds) so neither always runs in the other's wake; `saved`
     gets the sides so far after every round (a run killed at a time limit keeps them)."""
     with contextlib.ExitStack() as stack:
-        served = []
-        for side in sides:  # one at a time: each server's port is picked as it starts
-            served.append(stack.enter_context(ServedSide(side, args, model, wls, log_dir, bound)))
-        for n in args.agents:
-            for r in range(args.rounds):
+        # One at a time: each server's port is picked as it starts.
+        served = [stack.enter_context(ServedSide(side, plan)) for side in sides]
+        for n in plan.args.agents:
+            for r in range(plan.args.rounds):
                 for s in served if r % 2 == 0 else served[::-1]:
                     s.round(n, r)
                 saved({s.side: s.out for s in served})
@@ -157,13 +142,12 @@ def run_serve(args: Any) -> int:
         "sides": {},
     }
     bound = (lambda: run_baseline(args, model)) if getattr(args, "baseline", False) else None
+    plan = Plan(args, model, wls, log_dir, bound)
     if getattr(args, "interleave", False) and len(sides) > 1:
         result["interleaved"] = True
-        result["sides"] = run_interleaved(
-            sides, args, model, wls, log_dir, bound, lambda so_far: save_json(result, args, so_far)
-        )
+        result["sides"] = run_interleaved(sides, plan, lambda so: save_json(result, args, so))
     for side in [] if result.get("interleaved") else sides:
-        result["sides"][side] = run_side(side, args, model, wls, log_dir, bound)
+        result["sides"][side] = run_side(side, plan)
         save_json(result, args)
     if bound is not None:
         runs = [b for data in result["sides"].values() for b in data.get("baseline", [])]

@@ -6,6 +6,7 @@ import asyncio
 import shlex
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +23,24 @@ def mlx_lm_cap(extra: list[str]) -> int:
     return MLX_LM_DEFAULT_CAP
 
 
-class ServedSide:
-    """A server for every N and round of one side; `out` collects what bench serve saves.
-    `bound`, if given, runs (and is kept) just before each one-agent round (baseline.py)."""
+@dataclass(frozen=True)
+class Plan:
+    """What every side of one run shares: the flags, the model, each (N, round)'s workload, the
+    log folder, and `bound`, run (and kept) just before each one-agent round (baseline.py)."""
 
-    def __init__(
-        self,
-        side: str,
-        args: Any,
-        model: Path,
-        wls: dict[tuple[Any, int], Workload],
-        log_dir: Path,
-        bound: Callable[[], dict[str, Any]] | None = None,
-    ) -> None:
-        self.side, self.args, self.wls, self.bound = side, args, wls, bound
+    args: Any
+    model: Path
+    wls: dict[tuple[Any, int], Workload]
+    log_dir: Path
+    bound: Callable[[], dict[str, Any]] | None = None
+
+
+class ServedSide:
+    """A server for every N and round of one side; `out` collects what bench serve saves."""
+
+    def __init__(self, side: str, plan: Plan) -> None:
+        args, model, log_dir = plan.args, plan.model, plan.log_dir
+        self.side, self.args, self.wls, self.bound = side, args, plan.wls, plan.bound
         extra = shlex.split(args.mlxd_args if side == "mlxd" else args.mlx_lm_args)
         cap = args.batch if side == "mlxd" else mlx_lm_cap(extra)
         cmd = command(side, str(model), free_port(), args.batch, extra, log_dir / "mlxd-data")

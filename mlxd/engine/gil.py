@@ -26,11 +26,6 @@ class StepPhases:
     def waiting(self) -> None:
         sys.setswitchinterval(self.wait_s)
 
-    def alone(self) -> None:
-        """A lone serial row: the short interval throughout. The loop writes one frame a token,
-        so the engine loses little to it and takes the GIL back soonest (H200, session 25)."""
-        sys.setswitchinterval(self.wait_s)
-
 
 def step_phases(setting: float | str | None) -> StepPhases | None:
     """`--switch-interval engine`: phases around Python's interval as it is now; else None."""

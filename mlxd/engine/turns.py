@@ -101,8 +101,8 @@ class Turns:
             if handle.cancelled:
                 done = out.done("cancelled")
             else:
-                if (phases := self.config.phases) is not None:
-                    phases.alone()
+                if (phases := self.config.phases) is not None:  # a serial row: the short
+                    phases.waiting()  # interval throughout, whatever a batched step left set
                 self._keys.enter(row, row.req.random_key)
                 if row.prefilling:
                     self._prefill_chunk(row)
