@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import row_gemv
 from .decode_kernel import available, flash_attention, supports
 from .fused_projections import Stacked, fused_mlp, stacked_qkv
 from .shared_attention import shared_prefix_attention
@@ -26,9 +27,11 @@ from .shared_attention import shared_prefix_attention
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 # folded+fused: also q/k/v and gate/up as one matmul each (model/fused_projections.py);
 # flash: the attention itself as two CUDA kernels (model/decode_kernel.py, CUDA only);
-# +shared: the decoding rows' shared prefix held once (kv/shared_prefix.py).
+# +shared: the decoding rows' shared prefix held once (kv/shared_prefix.py);
+# +gemv: the step's small projections through MLX's batched gemv, not cuBLASLt (row_gemv.py).
 MODES = (
-    "mlx", "folded", "folded+fused", "flash", "flash+fused", "folded+shared", "folded+fused+shared"
+    "mlx", "folded", "folded+fused", "flash", "flash+fused", "folded+shared", "folded+fused+shared",
+    "folded+fused+gemv",
 )  # fmt: skip
 
 
@@ -45,6 +48,10 @@ def is_shared(mode: str) -> bool:
     return mode.endswith("+shared")
 
 
+def is_gemv(mode: str) -> bool:
+    return mode.endswith("+gemv")
+
+
 def is_flash(mode: str) -> bool:
     return mode.startswith("flash")
 
@@ -53,7 +60,7 @@ def for_mode(model: nn.Module, mode: str) -> nn.Module:
     """The model a batch of this --batched-attention mode steps."""
     if not is_folded(mode):
         return model
-    return folded(model, fuse=is_fused(mode), flash=is_flash(mode))
+    return folded(model, fuse=is_fused(mode), flash=is_flash(mode), gemv=is_gemv(mode))
 
 
 def missing(mode: str) -> str | None:
@@ -72,12 +79,17 @@ def unsupported(model: Any, mode: str = "folded") -> str | None:
 
 
 def folded(
-    model: nn.Module, align: int | None = None, fuse: bool = False, flash: bool = False
+    model: nn.Module,
+    align: int | None = None,
+    fuse: bool = False,
+    flash: bool = False,
+    gemv: bool = False,
 ) -> nn.Module:
     """A model sharing `model`'s weights whose batched decode attention is folded, over keys
     padded to a multiple of `align` (default: `key_alignment()`); `fuse`: its batched decode
     steps also run q/k/v and gate/up as one matmul each, over copies of those weights; `flash`:
-    the attention runs as decode_kernel.py's CUDA kernels (no padding needed)."""
+    the attention runs as decode_kernel.py's CUDA kernels (no padding needed); `gemv`: those
+    steps' small projections run as row_gemv.py's batched gemv (with `fuse`)."""
     align = key_alignment() if align is None else align
     if (why := unsupported(model, "flash" if flash else "folded")) is not None:
         raise ValueError(why)
@@ -85,15 +97,19 @@ def folded(
     inner = copy.copy(model.model)
     layers = []
     masks = AlignedMasks()  # one per model: every layer of a step gets the same mask
+    parts = row_gemv.parts() if gemv else frozenset()
     for layer in model.model.layers:
         twin = copy.copy(layer)
-        twin.self_attn = FoldedAttention(layer.self_attn, align, masks, flash)
+        attn = row_gemv.with_gemv(layer.self_attn, "o_proj") if "o" in parts else layer.self_attn
+        twin.self_attn = FoldedAttention(attn, align, masks, flash)
         if fuse:
-            twin.self_attn.qkv = stacked_qkv(layer.self_attn)
-            twin.mlp = fused_mlp(layer.mlp)
+            twin.self_attn.qkv = stacked_qkv(layer.self_attn, "qkv" in parts)
+            twin.mlp = fused_mlp(layer.mlp, "gate_up" in parts, "down" in parts)
         layers.append(twin)
     inner.layers = layers
     shadow.model = inner
+    if "head" in parts:
+        row_gemv.gemv_head(shadow, inner)
     return shadow
 
 

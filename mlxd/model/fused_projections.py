@@ -15,24 +15,32 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.activations import swiglu
 
+from .row_gemv import GemvMatmul, few_rows, fits, routable, with_gemv
+
 
 class Stacked:
     """Linear or QuantizedLinear layers of one kind fed the same input, as one matmul over
-    their weights stacked by output row; `__call__` returns each layer's output."""
+    their weights stacked by output row; `__call__` returns each layer's output. `gemv`: a
+    batched decode step's rows go through row_gemv.py's batched gemv (unquantized weights)."""
 
-    def __init__(self, linears: list[nn.Module]) -> None:
+    def __init__(self, linears: list[nn.Module], gemv: bool = False) -> None:
         first = linears[0]
         self.quant = isinstance(first, nn.QuantizedLinear)
         if self.quant:
             self.group_size, self.bits, self.mode = first.group_size, first.bits, first.mode
         keys = [k for k in ("weight", "scales", "biases", "bias") if k in first]
         self.arrays = {k: mx.concatenate([lin[k] for lin in linears], axis=0) for k in keys}
-        rows = [lin["weight"].shape[0] for lin in linears]
-        self.edges = list(itertools.accumulate(rows))[:-1]
+        widths = [lin["weight"].shape[0] for lin in linears]
+        self.edges = list(itertools.accumulate(widths))[:-1]
+        routed = gemv and all(routable(lin) for lin in linears) and fits(self.arrays["weight"])
+        self.gemv = GemvMatmul(self.arrays["weight"]) if routed else None
 
     def __call__(self, x: mx.array) -> list[mx.array]:
         a = self.arrays
-        if self.quant:
+        if self.gemv is not None and self.gemv.takes(x):
+            y = self.gemv(x)
+            y = y + a["bias"] if "bias" in a else y
+        elif self.quant:
             y = mx.quantized_matmul(
                 x, a["weight"], scales=a["scales"], biases=a.get("biases"), transpose=True,
                 group_size=self.group_size, bits=self.bits, mode=self.mode,
@@ -69,29 +77,30 @@ class FusedMLP(nn.Module):
     """Wraps one swiglu MLP: a one-token step of several rows runs gate and up as one matmul;
     anything else goes to the original module, op for op."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, gemv: bool = False, gemv_down: bool = False) -> None:
         super().__init__()
-        self.inner = inner
-        self._gate_up = Stacked([inner.gate_proj, inner.up_proj])
+        self.inner = with_gemv(inner, "down_proj") if gemv_down else inner
+        self._gate_up = Stacked([inner.gate_proj, inner.up_proj], gemv)
 
     def __call__(self, x: mx.array) -> mx.array:
-        if x.ndim != 3 or x.shape[1] != 1 or x.shape[0] < 2:
+        if not few_rows(x):
             return self.inner(x)
         gate, up = self._gate_up(x)
         return self.inner.down_proj(swiglu(gate, up))
 
 
-def fused_mlp(mlp: Any) -> Any:
-    """`mlp` wrapped in FusedMLP where its class and projections allow, else `mlp` itself."""
+def fused_mlp(mlp: Any, gemv: bool = False, gemv_down: bool = False) -> Any:
+    """`mlp` wrapped in FusedMLP where its class and projections allow, else `mlp` itself;
+    `gemv` / `gemv_down`: gate/up / down through row_gemv.py in a batched decode step."""
     if type(mlp) not in _swiglu_mlps() or not stackable([mlp.gate_proj, mlp.up_proj]):
         return mlp
-    return FusedMLP(mlp)
+    return FusedMLP(mlp, gemv, gemv_down)
 
 
-def stacked_qkv(attn: Any) -> Stacked | None:
+def stacked_qkv(attn: Any, gemv: bool = False) -> Stacked | None:
     """One matmul for an attention module's q, k and v projections, or None."""
     parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
-    return Stacked(parts) if None not in parts and stackable(parts) else None
+    return Stacked(parts, gemv) if None not in parts and stackable(parts) else None
 
 
 def stacked_bytes(model: Any) -> int:

@@ -1,0 +1,121 @@
+"""Where the `+gemv` modes of `--batched-attention` send a batched decode step's projections:
+MLX's own batched gemv instead of cuBLASLt (opt-in; docs/performance.md, session 26).
+
+On MLX-CUDA, x (rows, 1, K) @ W.T is flattened into one (rows, K) matmul, which goes to
+cuBLASLt: a descriptor, a heuristic query and a stream capture on every call, ~30-40 µs of host
+time against ~15 µs for MLX's gemv. W broadcast to (rows, N, K) @ x as (rows, K, 1) is a batch
+of matrix-vector products whose weight batch stride is 0, so MLX keeps it a batch and runs its
+`gemv_batched` kernel: one launch, each row reading the weight again (from L2 when it fits,
+hence the byte cap). Its float32 sums round otherwise than cuBLAS's, so it is opt-in.
+"""
+
+import copy
+import os
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+PARTS = ("qkv", "o", "gate_up", "down", "head")
+# Weights above this go to cuBLASLt: every row re-reads the weight, which must stay in L2
+# (the H200's is 50 MB). MLXD_GEMV_MAX_MB: a probe knob.
+MAX_BYTES = int(os.environ.get("MLXD_GEMV_MAX_MB", "16")) << 20
+
+
+def parts() -> frozenset[str]:
+    """The projections the +gemv modes route (MLXD_GEMV_PARTS, comma-separated; default all
+    but the head): a knob for probes that time each part in the whole step."""
+    chosen = os.environ.get("MLXD_GEMV_PARTS")
+    return frozenset(PARTS[:-1] if chosen is None else chosen.split(","))
+
+
+def max_rows() -> int:
+    """Rows up to which a step takes the gemv (MLXD_GEMV_ROWS, default 16): above, the weight
+    re-reads cost the GPU more than cuBLASLt's host time."""
+    return int(os.environ.get("MLXD_GEMV_ROWS", "16"))
+
+
+def few_rows(x: mx.array) -> bool:
+    """A batched decode step's input: several rows of one token each."""
+    return x.ndim == 3 and x.shape[1] == 1 and x.shape[0] >= 2
+
+
+class GemvMatmul:
+    """x @ weight.T as a batch of gemvs for a batched step's (rows, 1, K) input."""
+
+    def __init__(self, weight: mx.array, cap: int | None = None) -> None:
+        self.weight = weight
+        self.cap = max_rows() if cap is None else cap
+        self._wide: dict[int, mx.array] = {}  # rows -> the weight broadcast (a view, no copy)
+
+    def takes(self, x: mx.array) -> bool:
+        return few_rows(x) and x.shape[0] <= self.cap
+
+    def __call__(self, x: mx.array) -> mx.array:
+        B, _, K = x.shape
+        w = self._wide.get(B)
+        if w is None:
+            w = self._wide[B] = mx.broadcast_to(self.weight, (B, *self.weight.shape))
+        return (w @ x.reshape(B, K, 1)).reshape(B, 1, -1)
+
+
+def fits(weight: mx.array) -> bool:
+    return weight.nbytes <= MAX_BYTES
+
+
+def routable(linear: Any) -> bool:
+    """An unquantized Linear whose weight fits the cap (quantized ones have MLX's own kernels,
+    no cuBLASLt)."""
+    return type(linear) is nn.Linear and fits(linear.weight)
+
+
+class GemvLinear(nn.Module):
+    """Wraps one Linear: a batched decode step's rows go through GemvMatmul (plus the bias)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self._gemv = GemvMatmul(inner.weight)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not self._gemv.takes(x):
+            return self.inner(x)
+        y = self._gemv(x)
+        return y + self.inner.bias if "bias" in self.inner else y
+
+
+class GemvEmbedding(nn.Module):
+    """A tied embedding whose `as_linear` (the output head) runs a batched decode step's rows
+    through GemvMatmul; lookups go to the embedding itself."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self._gemv = GemvMatmul(inner.weight)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.inner(x)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self._gemv(x) if self._gemv.takes(x) else self.inner.as_linear(x)
+
+
+def with_gemv(module: Any, name: str) -> Any:
+    """A shallow copy of `module` whose Linear `name` is wrapped in GemvLinear (the module
+    itself where that Linear is not routable)."""
+    if not routable(linear := getattr(module, name)):
+        return module
+    twin = copy.copy(module)
+    setattr(twin, name, GemvLinear(linear))
+    return twin
+
+
+def gemv_head(model: Any, inner: Any) -> None:
+    """Route the output head of `model` (a shallow copy whose `.model` is `inner`, also a copy)
+    through GemvMatmul: the tied embedding's `as_linear`, or the lm_head Linear. No byte cap:
+    the probe knob MLXD_GEMV_PARTS=...,head asks for it explicitly."""
+    if getattr(model.args, "tie_word_embeddings", False):
+        if type(emb := inner.embed_tokens) is nn.Embedding:
+            inner.embed_tokens = GemvEmbedding(emb)
+    elif "lm_head" in model and type(model.lm_head) is nn.Linear:
+        model.lm_head = GemvLinear(model.lm_head)
