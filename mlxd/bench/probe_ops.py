@@ -88,7 +88,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=20)
     here = [m for m in MODES if missing(m) is None and not is_shared(m)]  # +shared: batch needed
     p.add_argument("--modes", nargs="+", choices=MODES, default=here)
+    p.add_argument(
+        "--alternate", type=int, default=0, metavar="BLOCKS",
+        help="time the modes in turn, BLOCKS blocks of --steps steps each, and report each "
+        "mode's median against the first mode's, block by block (a host whose speed moves "
+        "by the minute)",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    if args.alternate:
+        return alternate(args)
     bm = build_random(args.shape, "bfloat16")
     _, kv, D, _ = attention_dims(args.shape)
     for rows in args.rows:
@@ -100,6 +108,33 @@ def main(argv: list[str] | None = None) -> None:
             counts = primitives(*step())  # a steady step's graph (built, then evaluated below)
             mx.eval(step())
             print(report(mode, counts, *measure(step, args.steps)), flush=True)
+
+
+def alternate(args: Any) -> None:
+    """Each mode's step, timed in blocks taken in turn; per-block ratios to the first mode."""
+    bm = build_random(args.shape, "bfloat16")
+    _, kv, D, _ = attention_dims(args.shape)
+    room = args.alternate * args.steps + 4
+    for rows in args.rows:
+        steps = [
+            step_fn(for_mode(bm.model, m), rows, args.context, kv, D, room) for m in args.modes
+        ]
+        for step in steps:
+            mx.eval(step())
+        whole: list[list[float]] = [[] for _ in steps]
+        for _ in range(args.alternate):
+            for i, step in enumerate(steps):
+                whole[i].append(measure(step, args.steps)[2])
+        base = whole[0]
+        print(f"{args.shape}, {rows} rows x {args.context} keys, {args.alternate} blocks")
+        for mode, w in zip(args.modes, whole, strict=True):
+            ratios = sorted(b / a for a, b in zip(base, w, strict=True))
+            print(
+                f"{mode:17} whole step {statistics.median(w):6.2f} ms [{min(w):.2f}-{max(w):.2f}]"
+                f" | against {args.modes[0]}: {statistics.median(ratios):.3f}x "
+                f"[{ratios[0]:.3f}-{ratios[-1]:.3f}]",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
