@@ -5,6 +5,7 @@ fields and response shapes, with `reasoning_content` beside `reasoning`, `n` as 
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from starlette.requests import Request
@@ -13,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from ..model import ModelLoadError
 from . import sse
 from .body import read_json
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, openai_body
 from .forced_tools import forced_tool
 from .generation import Chunk, Generation, TokenInfo
 from .offload import offload
@@ -200,6 +201,19 @@ class Completion:
         return JSONResponse(body)
 
     async def _frames(self, gen: Generation, served: Served) -> AsyncIterator[str]:
+        """The stream's frames. A failure once the status line is out becomes an error frame in
+        OpenAI's shape (the openai SDK raises it as APIError, as vLLM's), then [DONE], instead
+        of a connection cut mid-body."""
+        frames = self._token_frames(gen, served)
+        async with aclosing(frames):
+            try:
+                async for frame in frames:
+                    yield frame
+            except Exception as e:  # noqa: BLE001 - the status line is gone: an error frame
+                yield sse.data(openai_body(APIError(500, f"{e}")))
+                yield "data: [DONE]\n\n"
+
+    async def _token_frames(self, gen: Generation, served: Served) -> AsyncIterator[str]:
         n = max(self.params.n, 1)
         pending = [Delta() for _ in range(n)]
         held: list[list[TokenInfo]] = [[] for _ in range(n)]

@@ -182,7 +182,7 @@ def test_probe_ops_counts_a_steps_primitives_for_each_mode(capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("qwen3-host, 2 rows x 24 keys")
     rows = {line.split()[0]: line for line in lines[1:]}
-    assert list(rows) == ["mlx", "folded", "folded+fused"]
+    assert list(rows) == ["mlx", "folded", "folded+fused", "folded+fused+gemv"]
     matmuls = {}
     for mode, line in rows.items():
         cells = r"build +([\d.]+) ms, \+encode +([\d.]+) ms, build\+eval +([\d.]+)"
@@ -190,8 +190,28 @@ def test_probe_ops_counts_a_steps_primitives_for_each_mode(capsys) -> None:
         assert m and int(m[1]) > 0 and float(m[5]) >= float(m[4]) >= float(m[3]) > 0
         matmuls[mode] = int(re.search(r"Matmul (\d+)", line)[1])
     # 28 layers: 7 projections + 2 attention matmuls each, and the LM head; fusing q/k/v and
-    # gate/up leaves 4 projections a layer.
-    assert matmuls == {"mlx": 28 * 9 + 1, "folded": 28 * 9 + 1, "folded+fused": 28 * 6 + 1}
+    # gate/up leaves 4 projections a layer (the gemv's are batched Matmuls too).
+    fused = 28 * 6 + 1
+    assert matmuls == {
+        "mlx": 28 * 9 + 1, "folded": 28 * 9 + 1, "folded+fused": fused, "folded+fused+gemv": fused
+    }  # fmt: skip
+    views = {mode: int(re.search(r"views +(\d+)", line)[1]) for mode, line in rows.items()}
+    assert views["folded+fused+gemv"] == views["folded+fused"] - 28 * 4  # one view a projection
+
+
+def test_probe_ops_alternates_modes_block_by_block(capsys) -> None:
+    from mlxd.bench import probe_ops
+
+    argv = ["--shape", "qwen3-host", "--rows", "2", "--context", "24", "--steps", "2"]
+    probe_ops.main([*argv, "--alternate", "3", "--modes", "folded+fused", "folded+fused+gemv"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "qwen3-host, 2 rows x 24 keys, 3 blocks"
+    pat = r"whole step +([\d.]+) ms \[([\d.]+)-([\d.]+)\] \| against folded\+fused: ([\d.]+)x"
+    first, second = (re.search(pat, line) for line in lines[1:3])
+    assert lines[1].startswith("folded+fused ") and lines[2].startswith("folded+fused+gemv ")
+    assert first[4] == "1.000"  # each block against itself
+    for m in (first, second):
+        assert float(m[2]) <= float(m[1]) <= float(m[3])
 
 
 def test_primitives_counts_each_op_once() -> None:

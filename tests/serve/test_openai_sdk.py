@@ -176,3 +176,42 @@ def test_stop_words_stop_and_are_stripped(scripted) -> None:
     r = sdk.chat.completions.create(model="default_model", messages=msgs, stop=["STOP"])
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].message.content == "alpha beta "
+
+
+def test_failure_mid_stream_is_an_error_frame_the_sdk_raises(qwen3_server, client, monkeypatch):
+    """A row that fails after the status line went out ends with OpenAI's error object in a
+    frame, then [DONE] (vLLM's form), not a cut connection; the engine serves on."""
+    import httpx
+
+    from mlxd.serve import generation
+
+    real = generation.build_request
+
+    def build(served, prompt, params, args):
+        req = real(served, prompt, params, args)
+        start = len(prompt.tokens)
+
+        def fail(tokens, logits):
+            if tokens.shape[-1] - start >= 3:
+                raise RuntimeError("boom in the row")
+            return logits
+
+        req.logits_processors = [fail]
+        return req
+
+    monkeypatch.setattr(generation, "build_request", build)
+    msgs = [{"role": "user", "content": "hi"}]
+    body = {"model": "default_model", "messages": msgs, "max_tokens": 20, "stream": True}
+    r = httpx.post(qwen3_server.v1 + "/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200
+    frames = [f.removeprefix("data: ") for f in r.text.split("\n\n") if f]
+    assert frames[-1] == "[DONE]"
+    error = json.loads(frames[-2])
+    assert set(error) == {"error"} and error["error"]["type"] == "server_error"
+    assert "boom in the row" in error["error"]["message"]
+    assert json.loads(frames[0])["choices"][0]["delta"]["content"] is not None  # tokens first
+    with pytest.raises(openai.APIError, match="boom in the row"):
+        list(client.chat.completions.create(model="default_model", messages=msgs, stream=True))
+    monkeypatch.undo()
+    r = client.chat.completions.create(model="default_model", messages=msgs, max_tokens=3)
+    assert r.usage.completion_tokens == 3  # the engine goes on
