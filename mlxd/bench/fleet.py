@@ -131,6 +131,8 @@ async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], t0: float) -
                 if not line.startswith("data:") or (data := line[5:].strip()) == "[DONE]":
                     continue
                 msg = json.loads(data)
+                if isinstance(err := msg.get("error"), dict):  # a row failed mid-stream
+                    raise RuntimeError(f"error frame: {err.get('message')}")
                 usage = msg.get("usage") or usage
                 for ch in msg.get("choices") or []:
                     d = ch.get("delta") or {}

@@ -45,7 +45,7 @@ def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[...,
             # EOS banned: every turn generates exactly max_tokens.
             assert [r["completion_tokens"] for r in reqs] == [MAX_TOKENS] * len(reqs)
             assert fig["output_tokens"] == n * TURNS * MAX_TOKENS
-            assert fig["errors"] == fig["short_replies"] == 0
+            assert fig["errors"] == fig["short_replies"] == 0 and "log_tail" not in run
             assert all(r["finish_reason"] == "length" for r in reqs)
             # The history grows: turn 2's prompt holds turn 1's prompt, reply and a new message.
             for a in range(n):
@@ -289,3 +289,55 @@ def test_a_refused_connection_is_retried_and_counted() -> None:
     rec = asyncio.run(go())
     assert rec["error"] is None and rec["retries"] == 2 and len(attempts) == 3
     assert rec["completion_tokens"] == 1 and rec["finish_reason"] == "length"
+
+
+def test_an_error_frame_counts_as_the_requests_error() -> None:
+    """A row that fails mid-stream ends with OpenAI's error object in a frame: the request is
+    an error with the server's message, not a short reply."""
+    import asyncio
+
+    import httpx
+
+    from mlxd.bench.fleet import stream_chat
+
+    sse = (
+        'data: {"choices": [{"delta": {"content": "hi"}, "finish_reason": null}]}\n\n'
+        'data: {"error": {"message": "boom", "type": "server_error"}}\n\n'
+        "data: [DONE]\n\n"
+    )
+
+    async def go() -> dict:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, text=sse))
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+            return await stream_chat(client, {"messages": []})
+
+    rec = asyncio.run(go())
+    assert rec["error"] == "RuntimeError: error frame: boom" and rec["retries"] == 0
+    assert len(rec["chunk_s"]) == 1  # the token before it still counts
+
+
+def test_a_round_with_errors_keeps_the_servers_log_tail() -> None:
+    """A failed round carries the server's last log lines in its record (session 26's 8B
+    failure came back with no cause); a clean round does not."""
+    from types import SimpleNamespace
+
+    from mlxd.bench.fleet import Workload
+    from mlxd.bench.servers import free_port
+    from mlxd.bench.side import run_one
+
+    class Sampler:
+        peak = 0
+
+        def reset(self) -> None:
+            pass
+
+    srv = SimpleNamespace(
+        url=f"http://127.0.0.1:{free_port()}",  # nothing listens: every request fails
+        side="mlxd",
+        metrics=lambda: None,
+        log_tail=lambda n=30: f"the last {n} lines",
+    )
+    wl = Workload(1, 1, 4, "sys", ["task"], [[]], [])
+    run = run_one(srv, Sampler(), wl, 0)
+    assert run["figures"]["errors"] == 1
+    assert run["log_tail"] == "the last 60 lines"

@@ -118,7 +118,9 @@ def test_a_gemv_model_lists_each_weight_once(tiny_model) -> None:
     assert len(tree_flatten(fa.folded(model, fuse=True, gemv=True).parameters())) == plain
 
 
-def test_an_engine_in_gemv_mode_keeps_batch_generators_bits_on_the_cpu(tiny_model, routed):
+def test_an_engine_in_gemv_mode_keeps_folded_fused_bits_on_the_cpu_close_on_cuda(
+    tiny_model, routed
+):
     model = load_model(tiny_model, "qwen3")
     runs = {}
     for mode in ("folded+fused", MODE):
