@@ -57,6 +57,8 @@ def bench_command(args: Any, model: Path) -> str:
     parts += [f"--only {args.only}"] if args.only else []
     parts += ["--baseline"] if getattr(args, "baseline", False) else []
     parts += ["--interleave"] if getattr(args, "interleave", False) else []
+    if (cap := getattr(args, "cache_limit_gb", None)) is not None:
+        parts += [f"--cache-limit-gb {cap:g}"]
     for flag, value in (("--mlxd-args", args.mlxd_args), ("--mlx-lm-args", args.mlx_lm_args)):
         parts += [f"{flag} {shlex.quote(value)}"] if value else []
     return " ".join(parts)

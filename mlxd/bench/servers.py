@@ -24,13 +24,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(side: str, model: str, port: int, batch: int, extra: list[str], data: Path) -> list:
-    """The server's command line; extra flags come last so that they win."""
+def command(
+    side: str,
+    model: str,
+    port: int,
+    batch: int,
+    extra: list[str],
+    data: Path,
+    cache_limit: int | None = None,
+) -> list:
+    """The server's command line; extra flags come last so that they win. `cache_limit`: MLX's
+    buffer cache capped at that many bytes in the server's process (bench/capped.py)."""
     if side == "mlxd":
-        head = ["-m", "mlxd", "serve", "--batch", str(batch), "--data-dir", str(data)]
+        head = ["mlxd", "serve", "--batch", str(batch), "--data-dir", str(data)]
     else:
-        head = ["-m", "mlx_lm", "server"]
-    return [sys.executable, *head, "--model", model, "--port", str(port), *extra]
+        head = ["mlx_lm", "server"]
+    run = ["-m"] if cache_limit is None else ["-m", "mlxd.bench.capped", str(cache_limit)]
+    return [sys.executable, *run, *head, "--model", model, "--port", str(port), *extra]
 
 
 def _children(pid: int) -> list[int]:

@@ -43,7 +43,10 @@ class ServedSide:
         self.side, self.args, self.wls, self.bound = side, args, plan.wls, plan.bound
         extra = shlex.split(args.mlxd_args if side == "mlxd" else args.mlx_lm_args)
         cap = args.batch if side == "mlxd" else mlx_lm_cap(extra)
-        cmd = command(side, str(model), free_port(), args.batch, extra, log_dir / "mlxd-data")
+        cap_gb = getattr(args, "cache_limit_gb", None)
+        limit = None if cap_gb is None else int(cap_gb * 1e9)
+        data = log_dir / "mlxd-data"
+        cmd = command(side, str(model), free_port(), args.batch, extra, data, limit)
         self.out: dict[str, Any] = {"command": cmd, "cap": cap, "runs": {}}
         if max(args.agents) > cap:
             print(f"note: N > {LABEL[side]}'s cap of {cap} rows: requests wait", file=sys.stderr)

@@ -145,6 +145,12 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
         "round-by-round ratios (default: one server after the other)",
     )  # fmt: skip
     v.add_argument(
+        "--cache-limit-gb", type=float, default=None, metavar="GB",
+        help="cap MLX's buffer cache in both servers' processes (mx.set_cache_limit): each MLX "
+        "process otherwise keeps freed buffers up to 95%% of the device, so two servers on one "
+        "GPU (--interleave) starve each other (default: MLX's own limit)",
+    )  # fmt: skip
+    v.add_argument(
         "--baseline", action="store_true",
         help="before each 1-agent round, mlx-lm's generate_step alone on a first-turn-sized "
         "prompt (python -m mlxd.bench.raw_step): the 1-agent ITL is reported against it, "

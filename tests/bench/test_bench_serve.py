@@ -2,6 +2,7 @@
 on free ports), and its statistics on hand-made numbers. Nothing here asserts a speed."""
 
 import json
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -87,12 +88,15 @@ def test_bench_serve_interleaved_runs_round_r_on_each_server_in_turn(
     out, md = tmp_path / "serve.json", tmp_path / "serve.md"
     argv = ["bench", "serve", "--model", str(tiny_model("qwen3")), "--agents", "2"]
     argv += ["--turns", "1", "--max-tokens", "4", "--system-tokens", "100", "--rounds", "3"]
-    argv += ["--interleave", "--json", str(out), "--markdown", str(md)]
+    argv += ["--interleave", "--json", str(out), "--markdown", str(md), "--cache-limit-gb", "0.5"]
     main([*argv, "--log-dir", str(tmp_path / "logs")])
     result = json.loads(out.read_text())
     assert result["interleaved"] is True and "--interleave" in result["command"]
-    for data in result["sides"].values():
+    assert "--cache-limit-gb 0.5" in result["command"]
+    for side, data in result["sides"].items():
         assert [r["figures"]["requests"] for r in data["runs"]["2"]] == [2, 2, 2]
+        # Both servers ran inside the capping wrapper, with the same cap.
+        assert data["command"][1:4] == ["-m", "mlxd.bench.capped", "500000000"], side
     # Both servers stay up: round by round, the order swapped every round.
     order = [line.split(" N=")[0] + line.split("round")[1][:2] for line in
              capsys.readouterr().err.splitlines() if " N=2 round " in line]  # fmt: skip
@@ -341,3 +345,19 @@ def test_a_round_with_errors_keeps_the_servers_log_tail() -> None:
     run = run_one(srv, Sampler(), wl, 0)
     assert run["figures"]["errors"] == 1
     assert run["log_tail"] == "the last 60 lines"
+
+
+def test_the_capping_wrapper_sets_mlxs_cache_limit_then_runs_the_module(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "probe_cap.py").write_text(
+        "import sys\nimport mlx.core as mx\nprint(mx.set_cache_limit(0), sys.argv[1:])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "mlxd.bench.capped", "123456", "probe_cap", "--x", "1"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "123456 ['--x', '1']"  # the cap it found, its own argv
+    bad = subprocess.run([*cmd[:3], "lots", "probe_cap"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "usage" in bad.stderr
