@@ -12,6 +12,7 @@ the counts there are not the GPU's; run it on the device.
 
 import collections
 import io
+import os
 import re
 import statistics
 import time
@@ -87,7 +88,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20)
     here = [m for m in MODES if missing(m) is None and not is_shared(m)]  # +shared: batch needed
-    p.add_argument("--modes", nargs="+", choices=MODES, default=here)
+    p.add_argument(
+        "--modes", nargs="+", type=_mode, default=here, metavar="MODE[@PARTS]",
+        help=f"{', '.join(MODES)}; a +gemv mode may name its parts after @ (MLXD_GEMV_PARTS, "
+        "e.g. folded+fused+gemv@qkv,o,gate_up,down,qk), so part sets alternate in one process",
+    )  # fmt: skip
     p.add_argument(
         "--alternate", type=int, default=0, metavar="BLOCKS",
         help="time the modes in turn, BLOCKS blocks of --steps steps each, and report each "
@@ -102,12 +107,35 @@ def main(argv: list[str] | None = None) -> None:
     for rows in args.rows:
         print(f"{args.shape}, {rows} rows x {args.context} keys, {mx.default_device()}")
         for mode in args.modes:
-            model = for_mode(bm.model, mode)
+            model = model_for(bm.model, mode)
             step = step_fn(model, rows, args.context, kv, D, args.steps + 2)
             mx.eval(step())  # warm-up: kernels compiled, the fused mode's stacked weights
             counts = primitives(*step())  # a steady step's graph (built, then evaluated below)
             mx.eval(step())
             print(report(mode, counts, *measure(step, args.steps)), flush=True)
+
+
+def _mode(spec: str) -> str:
+    mode, _, parts = spec.partition("@")
+    if mode not in MODES or (parts and not mode.endswith("+gemv")):
+        raise ValueError(spec)  # argparse's "invalid _mode value"
+    return spec
+
+
+def model_for(model: Any, spec: str) -> Any:
+    """The model of a --modes entry: MODE, or a +gemv MODE@PARTS built with those parts."""
+    mode, _, parts = spec.partition("@")
+    if not parts:
+        return for_mode(model, mode)
+    before = os.environ.get("MLXD_GEMV_PARTS")
+    os.environ["MLXD_GEMV_PARTS"] = parts  # read once, when the shadow model is built
+    try:
+        return for_mode(model, mode)
+    finally:
+        if before is None:
+            del os.environ["MLXD_GEMV_PARTS"]
+        else:
+            os.environ["MLXD_GEMV_PARTS"] = before
 
 
 def alternate(args: Any) -> None:
@@ -117,7 +145,7 @@ def alternate(args: Any) -> None:
     room = args.alternate * args.steps + 4
     for rows in args.rows:
         steps = [
-            step_fn(for_mode(bm.model, m), rows, args.context, kv, D, room) for m in args.modes
+            step_fn(model_for(bm.model, m), rows, args.context, kv, D, room) for m in args.modes
         ]
         for step in steps:
             mx.eval(step())

@@ -102,6 +102,7 @@ def folded(
         twin = copy.copy(layer)
         attn = row_gemv.with_gemv(layer.self_attn, "o_proj") if "o" in parts else layer.self_attn
         twin.self_attn = FoldedAttention(attn, align, masks, flash)
+        twin.self_attn.gemv_qk = "qk" in parts
         if fuse:
             twin.self_attn.qkv = stacked_qkv(layer.self_attn, "qkv" in parts)
             twin.mlp = fused_mlp(layer.mlp, "gate_up" in parts, "down" in parts)
@@ -113,13 +114,16 @@ def folded(
     return shadow
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
+def attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array, gemv: bool = False
+) -> mx.array:
     """MLX's fallback formula (scale, scores, mask, precise softmax, weighted sum) for one query
-    per row, with each KV head's query group as the rows of one matmul instead of a broadcast."""
+    per row, with each KV head's query group as the rows of one matmul instead of a broadcast.
+    `gemv`: the scores as row_gemv.scores' batch of gemvs."""
     B, n_heads, _, D = q.shape
     n_kv, L = k.shape[1], k.shape[2]
     q = (q * mx.array(scale, q.dtype)).reshape(B, n_kv, n_heads // n_kv, D)
-    scores = q @ k.swapaxes(-1, -2)
+    scores = row_gemv.scores(q, k) if gemv else q @ k.swapaxes(-1, -2)
     mask = mask.reshape(B, 1, 1, L)
     if mask.dtype == mx.bool_:
         scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
@@ -187,6 +191,7 @@ class FoldedAttention(nn.Module):
         self.flash = flash
         self.masks = masks if masks is not None else AlignedMasks()
         self.qkv: Stacked | None = None  # set by folded(fuse=True) where the layers stack
+        self.gemv_qk = False  # set by folded(gemv=True) when MLXD_GEMV_PARTS names qk
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         shared = getattr(cache, "prefix_keys", None) is not None
@@ -214,5 +219,6 @@ class FoldedAttention(nn.Module):
             return a.o_proj(flash_attention(q, k, v, a.scale, mask))
         if self.align > 1:
             k, v, mask = _aligned(self.align, cache, k, v, mask, self.masks)
-        out = attention(q, k, v, a.scale, mask)
+        gemv = self.gemv_qk and B <= row_gemv.max_rows()
+        out = attention(q, k, v, a.scale, mask, gemv)
         return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))

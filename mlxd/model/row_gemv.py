@@ -16,17 +16,19 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-PARTS = ("qkv", "o", "gate_up", "down", "head")
+PARTS = ("qkv", "o", "gate_up", "down", "head", "qk")
+DEFAULT_PARTS = PARTS[:4]  # the head and the attention scores: probe knobs, not measured wins
 # Weights above this go to cuBLASLt: every row re-reads the weight, which must stay in L2
 # (the H200's is 50 MB). MLXD_GEMV_MAX_MB: a probe knob.
 MAX_BYTES = int(os.environ.get("MLXD_GEMV_MAX_MB", "16")) << 20
 
 
 def parts() -> frozenset[str]:
-    """The projections the +gemv modes route (MLXD_GEMV_PARTS, comma-separated; default all
-    but the head): a knob for probes that time each part in the whole step."""
+    """The projections the +gemv modes route (MLXD_GEMV_PARTS, comma-separated; default
+    DEFAULT_PARTS): a knob for probes that time each part in the whole step. `qk`: the
+    attention's scores too (`scores` below)."""
     chosen = os.environ.get("MLXD_GEMV_PARTS")
-    return frozenset(PARTS[:-1] if chosen is None else chosen.split(","))
+    return frozenset(DEFAULT_PARTS if chosen is None else chosen.split(","))
 
 
 def max_rows() -> int:
@@ -58,6 +60,16 @@ class GemvMatmul:
         if w is None:
             w = self._wide[B] = mx.broadcast_to(self.weight, (B, *self.weight.shape))
         return (w @ x.reshape(B, K, 1)).reshape(B, 1, -1)
+
+
+def scores(q: mx.array, k: mx.array) -> mx.array:
+    """q (B, kv heads, group, D) against k (B, kv heads, L, D): q @ k.T per head as a batch of
+    gemvs, each key row read by every query of its group through a stride-0 broadcast (a view),
+    so MLX-CUDA runs `gemv_batched` instead of a cuBLASLt batched matmul. The CPU gives
+    q @ k.T's bits (tested); on CUDA the sums round otherwise."""
+    B, n_kv, G, D = q.shape
+    keys = mx.broadcast_to(mx.expand_dims(k, 2), (B, n_kv, G, k.shape[2], D))
+    return (keys @ q.reshape(B, n_kv, G, D, 1)).reshape(B, n_kv, G, -1)
 
 
 def fits(weight: mx.array) -> bool:

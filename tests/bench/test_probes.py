@@ -1,6 +1,7 @@
 """The device probes behind docs/performance.md run end to end (tiny shapes, CPU). On the CPU
 MLX's masked attention is the fallback formula, so folded attention must report bit-equal."""
 
+import os
 import re
 
 import pytest
@@ -203,15 +204,34 @@ def test_probe_ops_alternates_modes_block_by_block(capsys) -> None:
     from mlxd.bench import probe_ops
 
     argv = ["--shape", "qwen3-host", "--rows", "2", "--context", "24", "--steps", "2"]
-    probe_ops.main([*argv, "--alternate", "3", "--modes", "folded+fused", "folded+fused+gemv"])
+    modes = ["folded+fused", "folded+fused+gemv", "folded+fused+gemv@qkv,qk"]
+    probe_ops.main([*argv, "--alternate", "3", "--modes", *modes])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "qwen3-host, 2 rows x 24 keys, 3 blocks"
+    assert lines[3].startswith("folded+fused+gemv@qkv,qk whole step")
+    assert "MLXD_GEMV_PARTS" not in os.environ  # the parts were set only while building
     pat = r"whole step +([\d.]+) ms \[([\d.]+)-([\d.]+)\] \| against folded\+fused: ([\d.]+)x"
     first, second = (re.search(pat, line) for line in lines[1:3])
     assert lines[1].startswith("folded+fused ") and lines[2].startswith("folded+fused+gemv ")
     assert first[4] == "1.000"  # each block against itself
     for m in (first, second):
         assert float(m[2]) <= float(m[1]) <= float(m[3])
+
+
+def test_probe_ops_builds_a_gemv_mode_with_the_named_parts(monkeypatch) -> None:
+    from mlxd.bench import probe_ops
+    from mlxd.bench.models import build_random
+    from mlxd.model import row_gemv
+
+    model = build_random("qwen3-host", "bfloat16").model
+    layer = probe_ops.model_for(model, "folded+fused+gemv@o,qk").model.layers[0]
+    assert layer.self_attn.gemv_qk and type(layer.self_attn.inner.o_proj) is row_gemv.GemvLinear
+    assert layer.self_attn.qkv.gemv is None
+    monkeypatch.setenv("MLXD_GEMV_PARTS", "qkv")  # restored afterwards, not dropped
+    probe_ops.model_for(model, "folded+fused+gemv@o")
+    assert os.environ["MLXD_GEMV_PARTS"] == "qkv"
+    with pytest.raises(ValueError):
+        probe_ops._mode("folded+fused@qk")  # parts only for a +gemv mode
 
 
 def test_primitives_counts_each_op_once() -> None:

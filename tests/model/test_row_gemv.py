@@ -91,13 +91,34 @@ def test_the_parts_knob_routes_only_the_named_projections(tiny_model, monkeypatc
     assert type(layer.self_attn.inner.o_proj) is rg.GemvLinear
     assert layer.self_attn.qkv.gemv is not None and layer.mlp._gate_up.gemv is not None
     assert type(layer.mlp.inner.down_proj) is rg.GemvLinear
-    assert type(shadow.model.embed_tokens) is nn.Embedding
+    assert type(shadow.model.embed_tokens) is nn.Embedding and not layer.self_attn.gemv_qk
     monkeypatch.setenv("MLXD_GEMV_PARTS", "o,head")
     layer = (shadow := fa.folded(model, fuse=True, gemv=True)).model.layers[0]
     assert type(layer.self_attn.inner.o_proj) is rg.GemvLinear
     assert layer.self_attn.qkv.gemv is None and layer.mlp._gate_up.gemv is None
     assert type(layer.mlp.inner.down_proj) is nn.Linear
     assert type(shadow.model.embed_tokens) is rg.GemvEmbedding
+
+
+@pytest.mark.skipif(mx.cuda.is_available(), reason="on CUDA the gemv rounds otherwise")
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen2"])
+def test_attention_scores_as_gemvs_keep_the_bits(arch, tiny_model, monkeypatch) -> None:
+    """MLXD_GEMV_PARTS=qk: each layer's q.k scores as gemvs over the keys broadcast across the
+    query group, in every batched decode step up to the row cap, with folded+fused's logits."""
+    calls: list[tuple] = []
+    real = rg.scores
+    monkeypatch.setattr(rg, "scores", lambda q, k: calls.append(q.shape) or real(q, k))
+    monkeypatch.setenv("MLXD_GEMV_PARTS", "qk")
+    model = qwen2_model() if arch == "qwen2" else load_model(tiny_model, arch)
+    expected = padded_decode(fa.folded(model, fuse=True), 5, [0, 4, 9])
+    assert calls == []
+    got = padded_decode(fa.folded(model, fuse=True, gemv=True), 5, [0, 4, 9])
+    assert mx.array_equal(got, expected).item()
+    assert len(calls) == 5 * len(model.model.layers) and all(c[0] == 3 for c in calls)
+    monkeypatch.setenv("MLXD_GEMV_ROWS", "2")  # 3 rows: over the cap, the matmul again
+    calls.clear()
+    padded_decode(fa.folded(model, fuse=True, gemv=True), 2, [0, 4, 9])
+    assert calls == []
 
 
 def test_quantized_layers_keep_their_own_kernels(tiny_model, routed) -> None:
@@ -154,3 +175,17 @@ def test_the_batched_gemv_is_within_bfloat16_rounding_of_float32(rows, N, K) -> 
     assert got.shape == (rows, 1, N)
     scale = mx.abs(want).max().item()
     assert mx.abs(got - want).max().item() <= 2 * 2**-8 * scale
+
+
+@cuda
+@pytest.mark.parametrize("rows", [2, 8])
+@pytest.mark.parametrize(("n_kv", "group", "keys"), [(8, 2, 4096), (8, 4, 4096), (2, 7, 33)])
+def test_the_gemv_scores_are_within_bfloat16_rounding_of_float32(rows, n_kv, group, keys):
+    mx.random.seed(rows + keys)
+    q = mx.random.normal((rows, n_kv, group, 128)).astype(mx.bfloat16)
+    buf = mx.random.normal((rows, n_kv, keys + 8, 128)).astype(mx.bfloat16)
+    k = buf[..., :keys, :]  # a slice of the cache's buffer, as the step reads it
+    got = rg.scores(q, k).astype(mx.float32)
+    want = q.astype(mx.float32) @ k.astype(mx.float32).swapaxes(-1, -2)
+    assert got.shape == (rows, n_kv, group, keys)
+    assert mx.abs(got - want).max().item() <= 2 * 2**-8 * mx.abs(want).max().item()
