@@ -3,7 +3,7 @@
 # cuBLASLt) on the device: its CUDA tests, then probe_ops' folded+fused against
 # folded+fused+gemv, alternated block by block (a single run moves with the machine's minute):
 # 0.6B at ROWS x 4k keys, then the attention scores as gemvs too (MLXD_GEMV_PARTS's qk) against
-# the default parts at 2 and 8 rows, and BIG=1 the 8B shape with its weights let in.
+# the default parts at 2 and 8 rows, and BIG=1 the 8B shape with o_proj let in, then every weight.
 set -uo pipefail
 source bench/h200/setup.sh || exit 1
 bash bench/h200/cuda_tests.sh tests/model/test_row_gemv.py | tail -6
@@ -12,5 +12,9 @@ export MLXD_GEMV_ROWS=32
 probe --shape qwen3-0.6b --rows ${ROWS:-2 8 16 32} --modes folded+fused folded+fused+gemv
 unset MLXD_GEMV_ROWS
 probe --shape qwen3-0.6b --rows 2 8 --modes folded+fused+gemv "folded+fused+gemv@qkv,o,gate_up,down,qk"
-[ -n "${BIG:-}" ] && MLXD_GEMV_MAX_MB=256 probe --shape qwen3-8b --rows 2 8 --modes folded+fused folded+fused+gemv
+# 8B: 40 MB lets in o_proj (32 MB, within the H200's 50 MB L2), 256 MB every projection.
+for mb in ${BIG:+40 256}; do
+  echo "MLXD_GEMV_MAX_MB=$mb" | tee -a "$OUT/gemv.txt"
+  MLXD_GEMV_MAX_MB=$mb probe --shape qwen3-8b --rows 2 8 --modes folded+fused folded+fused+gemv
+done
 true
