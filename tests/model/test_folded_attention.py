@@ -69,9 +69,9 @@ def test_aligned_keys_are_masked_out_exactly(model, monkeypatch) -> None:
     lengths: list[int] = []
     real = fa.attention
 
-    def spy(q, k, v, scale, mask):
+    def spy(q, k, v, scale, mask, *rest):
         lengths.append(k.shape[2])
-        return real(q, k, v, scale, mask)
+        return real(q, k, v, scale, mask, *rest)
 
     monkeypatch.setattr(fa, "attention", spy)
     aligned = fa.folded(model, align=8)
