@@ -102,7 +102,7 @@ def folded(
         twin = copy.copy(layer)
         attn = row_gemv.with_gemv(layer.self_attn, "o_proj") if "o" in parts else layer.self_attn
         twin.self_attn = FoldedAttention(attn, align, masks, flash)
-        twin.self_attn.gemv_qk = "qk" in parts
+        twin.self_attn.gemv_qk_rows = row_gemv.max_rows() if "qk" in parts else 0
         if fuse:
             twin.self_attn.qkv = stacked_qkv(layer.self_attn, "qkv" in parts)
             twin.mlp = fused_mlp(layer.mlp, "gate_up" in parts, "down" in parts)
@@ -191,7 +191,7 @@ class FoldedAttention(nn.Module):
         self.flash = flash
         self.masks = masks if masks is not None else AlignedMasks()
         self.qkv: Stacked | None = None  # set by folded(fuse=True) where the layers stack
-        self.gemv_qk = False  # set by folded(gemv=True) when MLXD_GEMV_PARTS names qk
+        self.gemv_qk_rows = 0  # scores as gemvs up to this many rows (folded(gemv=True), qk)
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         shared = getattr(cache, "prefix_keys", None) is not None
@@ -219,6 +219,5 @@ class FoldedAttention(nn.Module):
             return a.o_proj(flash_attention(q, k, v, a.scale, mask))
         if self.align > 1:
             k, v, mask = _aligned(self.align, cache, k, v, mask, self.masks)
-        gemv = self.gemv_qk and B <= row_gemv.max_rows()
-        out = attention(q, k, v, a.scale, mask, gemv)
+        out = attention(q, k, v, a.scale, mask, B <= self.gemv_qk_rows)
         return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))

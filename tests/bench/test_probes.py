@@ -225,7 +225,10 @@ def test_probe_ops_builds_a_gemv_mode_with_the_named_parts(monkeypatch) -> None:
 
     model = build_random("qwen3-host", "bfloat16").model
     layer = probe_ops.model_for(model, "folded+fused+gemv@o,qk").model.layers[0]
-    assert layer.self_attn.gemv_qk and type(layer.self_attn.inner.o_proj) is row_gemv.GemvLinear
+    assert (
+        layer.self_attn.gemv_qk_rows == 8
+        and type(layer.self_attn.inner.o_proj) is row_gemv.GemvLinear
+    )
     assert layer.self_attn.qkv.gemv is None
     monkeypatch.setenv("MLXD_GEMV_PARTS", "qkv")  # restored afterwards, not dropped
     probe_ops.model_for(model, "folded+fused+gemv@o")

@@ -91,7 +91,7 @@ def test_the_parts_knob_routes_only_the_named_projections(tiny_model, monkeypatc
     assert type(layer.self_attn.inner.o_proj) is rg.GemvLinear
     assert layer.self_attn.qkv.gemv is not None and layer.mlp._gate_up.gemv is not None
     assert type(layer.mlp.inner.down_proj) is rg.GemvLinear
-    assert type(shadow.model.embed_tokens) is nn.Embedding and not layer.self_attn.gemv_qk
+    assert type(shadow.model.embed_tokens) is nn.Embedding and layer.self_attn.gemv_qk_rows == 0
     monkeypatch.setenv("MLXD_GEMV_PARTS", "o,head")
     layer = (shadow := fa.folded(model, fuse=True, gemv=True)).model.layers[0]
     assert type(layer.self_attn.inner.o_proj) is rg.GemvLinear
