@@ -15,7 +15,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.activations import swiglu
 
-from .row_gemv import GemvMatmul, few_rows, fits, routable, with_gemv
+from .row_gemv import GemvMatmul, few_rows, fits, with_gemv
 
 
 class Stacked:
@@ -32,7 +32,7 @@ class Stacked:
         self.arrays = {k: mx.concatenate([lin[k] for lin in linears], axis=0) for k in keys}
         widths = [lin["weight"].shape[0] for lin in linears]
         self.edges = list(itertools.accumulate(widths))[:-1]
-        routed = gemv and all(routable(lin) for lin in linears) and fits(self.arrays["weight"])
+        routed = gemv and not self.quant and fits(self.arrays["weight"])  # stackable: one kind
         self.gemv = GemvMatmul(self.arrays["weight"]) if routed else None
 
     def __call__(self, x: mx.array) -> list[mx.array]:

@@ -5,11 +5,10 @@ file there; on a machine without CUDA those tests are skipped and cover nothing)
 
 import mlx.core as mx
 import pytest
-from fixtures.folded_models import load_model
+from fixtures.folded_models import engine_runs, load_model
 
 from mlxd.engine.batch import BatchConfig
 from mlxd.engine.engine import Engine
-from mlxd.engine.request import GenerationRequest
 from mlxd.model import decode_kernel as dk
 from mlxd.model import folded_attention as fa
 
@@ -115,14 +114,7 @@ def test_an_engine_in_flash_mode_decodes_batched_rows_close_to_mlx(tiny_model, m
 
     monkeypatch.setattr(fa, "flash_attention", spy)
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 12, 13, 14, 15, 16, 17]]
-    firsts = {}
-    for mode in ("mlx", "flash+fused"):
-        engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, attention=mode))
-        try:
-            reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=6) for p in prompts]
-            firsts[mode] = [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
-        finally:
-            engine.close()
+    firsts = engine_runs(model, ("mlx", "flash+fused"), prompts)
     assert calls  # the batched steps went through the kernels
     for a, b in zip(firsts["mlx"], firsts["flash+fused"], strict=True):
         assert len(a) == len(b) == 6

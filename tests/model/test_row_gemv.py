@@ -10,11 +10,8 @@ float32 sums round otherwise, so it is opt-in and checked against float32
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from fixtures.folded_models import PROMPTS, load_model, padded_decode, qwen2_model
+from fixtures.folded_models import PROMPTS, engine_runs, load_model, padded_decode, qwen2_model
 
-from mlxd.engine.batch import BatchConfig
-from mlxd.engine.engine import Engine
-from mlxd.engine.request import GenerationRequest
 from mlxd.model import folded_attention as fa
 from mlxd.model import row_gemv as rg
 
@@ -143,14 +140,7 @@ def test_an_engine_in_gemv_mode_keeps_folded_fused_bits_on_the_cpu_close_on_cuda
     tiny_model, routed
 ):
     model = load_model(tiny_model, "qwen3")
-    runs = {}
-    for mode in ("folded+fused", MODE):
-        engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, attention=mode))
-        try:
-            reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=6) for p in PROMPTS]
-            runs[mode] = [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
-        finally:
-            engine.close()
+    runs = engine_runs(model, ("folded+fused", MODE), PROMPTS)
     assert routed  # the batched steps went through the gemv
     for a, b in zip(runs["folded+fused"], runs[MODE], strict=True):
         assert len(a) == len(b) == 6

@@ -122,3 +122,27 @@ def make_server(qwen3_model_dir: Path, tmp_path: Path) -> Iterator[Callable[...,
     yield make
     for live in started:
         live.stop()
+
+
+@pytest.fixture
+def rows_fail_mid_stream(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Every row the servers build from now on raises "boom in the row" at its 3rd generated
+    token (after the status line and a first chunk went out); call the result to undo."""
+    from mlxd.serve import generation
+
+    real = generation.build_request
+
+    def build(served, prompt, params, args):
+        req = real(served, prompt, params, args)
+        start = len(prompt.tokens)
+
+        def fail(tokens, logits):
+            if tokens.shape[-1] - start >= 3:
+                raise RuntimeError("boom in the row")
+            return logits
+
+        req.logits_processors = [fail]
+        return req
+
+    monkeypatch.setattr(generation, "build_request", build)
+    return monkeypatch.undo

@@ -440,25 +440,8 @@ def test_client_going_away_frees_the_row(qwen3_server, forced) -> None:
 
 
 def test_failure_mid_stream_is_an_error_event(
-    qwen3_server, client: anthropic.Anthropic, monkeypatch: pytest.MonkeyPatch
+    qwen3_server, client: anthropic.Anthropic, rows_fail_mid_stream
 ) -> None:
-    from mlxd.serve import generation
-
-    real = generation.build_request
-
-    def build(served, prompt, params, args):
-        req = real(served, prompt, params, args)
-        start = len(prompt.tokens)
-
-        def fail(tokens, logits):
-            if tokens.shape[-1] - start >= 3:
-                raise RuntimeError("boom in the row")
-            return logits
-
-        req.logits_processors = [fail]
-        return req
-
-    monkeypatch.setattr(generation, "build_request", build)
     body = {"model": MODEL, "max_tokens": 20, "stream": True, "messages": HI}
     r = httpx.post(qwen3_server.url + "/v1/messages", json=body, timeout=60)
     frames = [f for f in r.text.split("\n\n") if f]
@@ -472,7 +455,7 @@ def test_failure_mid_stream_is_an_error_event(
     assert "boom in the row" in error["error"]["message"]
     with pytest.raises(anthropic.APIStatusError, match="boom in the row"):
         list(ask(client, max_tokens=20, stream=True))
-    monkeypatch.undo()
+    rows_fail_mid_stream()  # undo
     assert ask(client, max_tokens=3).usage.output_tokens >= 1  # the engine goes on
 
 

@@ -178,28 +178,13 @@ def test_stop_words_stop_and_are_stripped(scripted) -> None:
     assert r.choices[0].message.content == "alpha beta "
 
 
-def test_failure_mid_stream_is_an_error_frame_the_sdk_raises(qwen3_server, client, monkeypatch):
+def test_failure_mid_stream_is_an_error_frame_the_sdk_raises(
+    qwen3_server, client, rows_fail_mid_stream
+):
     """A row that fails after the status line went out ends with OpenAI's error object in a
     frame, then [DONE] (vLLM's form), not a cut connection; the engine serves on."""
     import httpx
 
-    from mlxd.serve import generation
-
-    real = generation.build_request
-
-    def build(served, prompt, params, args):
-        req = real(served, prompt, params, args)
-        start = len(prompt.tokens)
-
-        def fail(tokens, logits):
-            if tokens.shape[-1] - start >= 3:
-                raise RuntimeError("boom in the row")
-            return logits
-
-        req.logits_processors = [fail]
-        return req
-
-    monkeypatch.setattr(generation, "build_request", build)
     msgs = [{"role": "user", "content": "hi"}]
     body = {"model": "default_model", "messages": msgs, "max_tokens": 20, "stream": True}
     r = httpx.post(qwen3_server.v1 + "/chat/completions", json=body, timeout=60)
@@ -212,6 +197,6 @@ def test_failure_mid_stream_is_an_error_frame_the_sdk_raises(qwen3_server, clien
     assert json.loads(frames[0])["choices"][0]["delta"]["content"] is not None  # tokens first
     with pytest.raises(openai.APIError, match="boom in the row"):
         list(client.chat.completions.create(model="default_model", messages=msgs, stream=True))
-    monkeypatch.undo()
+    rows_fail_mid_stream()  # undo
     r = client.chat.completions.create(model="default_model", messages=msgs, max_tokens=3)
     assert r.usage.completion_tokens == 3  # the engine goes on
