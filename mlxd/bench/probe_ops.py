@@ -38,6 +38,29 @@ def primitives(*roots: mx.array) -> collections.Counter:
     return collections.Counter(re.findall(r'label ="([A-Za-z0-9_]+)"', out.getvalue()))
 
 
+def neighbours(kinds: set[str], *roots: mx.array) -> collections.Counter:
+    """For each op of `kinds` in the graph behind `roots`: its inputs' producers (`source` for
+    an evaluated array) and its output's consumers, as "in, in > KIND > out" (where a
+    device-only op comes from: the CPU expands fast ops, so its graph is not the GPU's)."""
+    out = io.StringIO()
+    mx.export_to_dot(out, *roots)
+    label = dict(re.findall(r'\{ (\d+) \[label ="([A-Za-z0-9_]+)"', out.getvalue()))
+    edges = re.findall(r'^"?(\w+)"? -> "?(\w+)"?$', out.getvalue(), re.M)
+    made_by = {b: a for a, b in edges if a in label}  # array -> the op that produced it
+    ins: dict[str, list[str]] = collections.defaultdict(list)
+    used_by: dict[str, list[str]] = collections.defaultdict(list)
+    for a, b in edges:
+        if b in label:  # array a feeds op b
+            ins[b].append(label.get(made_by.get(a, ""), "source"))
+            used_by[a].append(label[b])
+    found: collections.Counter = collections.Counter()
+    for op, kind in label.items():
+        if kind in kinds:
+            after = sorted(k for a, b in edges if a == op for k in used_by[b])
+            found[f"{', '.join(ins[op])} > {kind} > {', '.join(after) or 'output'}"] += 1
+    return found
+
+
 def step_fn(model: Any, rows: int, context: int, kv: int, D: int, room: int) -> Callable[[], Any]:
     """A greedy batched step over `rows` rows of `context` cached tokens (probe_graphs' caches:
     left padding varied, `room` free slots, so no step grows them): logprobs and tokens, as
@@ -99,6 +122,10 @@ def main(argv: list[str] | None = None) -> None:
         "mode's median against the first mode's, block by block (a host whose speed moves "
         "by the minute)",
     )  # fmt: skip
+    p.add_argument(
+        "--neighbours", nargs="+", default=[], metavar="KIND",
+        help="also list, for ops of these kinds, their inputs' producers and output's consumers",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.alternate:
         return alternate(args)
@@ -113,6 +140,11 @@ def main(argv: list[str] | None = None) -> None:
             counts = primitives(*step())  # a steady step's graph (built, then evaluated below)
             mx.eval(step())
             print(report(mode, counts, *measure(step, args.steps)), flush=True)
+            if args.neighbours:
+                found = neighbours(set(args.neighbours), *step())
+                mx.eval(step())
+                for line, n in found.most_common():
+                    print(f"    {n:4d}  {line}")
 
 
 def _mode(spec: str) -> str:

@@ -245,3 +245,23 @@ def test_primitives_counts_each_op_once() -> None:
     a = mx.ones((2, 3))
     counts = primitives(((a * 2) + (a * 3)).sum())
     assert counts["Multiply"] == 2 and counts["Add"] == 1 and counts["Sum"] == 1
+
+
+def test_neighbours_names_each_ops_producers_and_consumers(capsys) -> None:
+    import mlx.core as mx
+
+    from mlxd.bench import probe_ops
+
+    a = mx.ones((2, 3))
+    mx.eval(a)  # evaluated: its op is gone, so it reads as a source
+    joined = mx.concatenate([a * 2, mx.zeros((2, 1))], axis=1)
+    found = probe_ops.neighbours({"Concatenate", "Full"}, mx.exp(joined), joined.sum())
+    assert found == {
+        "Multiply, Full > Concatenate > Exp, Sum": 1,
+        "Broadcast > Full > Concatenate": 1,  # mx.zeros: a broadcast scalar, filled
+    }
+    probe_ops.main(["--shape", "qwen3-host", "--rows", "2", "--context", "24", "--steps", "2",
+                    "--modes", "folded", "--neighbours", "Select"])  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    # the padding mask's select, once per layer, feeding the softmax
+    assert lines[2:] == ["      28  Broadcast, Matmul, Broadcast > Select > Softmax"]
