@@ -47,17 +47,28 @@ def neighbours(kinds: set[str], *roots: mx.array) -> collections.Counter:
     label = dict(re.findall(r'\{ (\d+) \[label ="([A-Za-z0-9_]+)"', out.getvalue()))
     edges = re.findall(r'^"?(\w+)"? -> "?(\w+)"?$', out.getvalue(), re.M)
     made_by = {b: a for a, b in edges if a in label}  # array -> the op that produced it
-    ins: dict[str, list[str]] = collections.defaultdict(list)
+    ins: dict[str, list[str]] = collections.defaultdict(list)  # op -> its input arrays
     used_by: dict[str, list[str]] = collections.defaultdict(list)
     for a, b in edges:
         if b in label:  # array a feeds op b
-            ins[b].append(label.get(made_by.get(a, ""), "source"))
+            ins[b].append(a)
             used_by[a].append(label[b])
+
+    def origin(a: str) -> str:  # an input through its views: "Broadcast/Full", "Slice/source"
+        op = made_by.get(a)
+        if op is None:
+            return "source"
+        if label[op] in VIEWS and len(ins[op]) == 1:
+            return f"{label[op]}/{origin(ins[op][0])}"
+        return label[op]
+
     found: collections.Counter = collections.Counter()
     for op, kind in label.items():
         if kind in kinds:
             after = sorted(k for a, b in edges if a == op for k in used_by[b])
-            found[f"{', '.join(ins[op])} > {kind} > {', '.join(after) or 'output'}"] += 1
+            found[
+                f"{', '.join(map(origin, ins[op]))} > {kind} > {', '.join(after) or 'output'}"
+            ] += 1
     return found
 
 

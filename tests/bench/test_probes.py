@@ -258,10 +258,12 @@ def test_neighbours_names_each_ops_producers_and_consumers(capsys) -> None:
     found = probe_ops.neighbours({"Concatenate", "Full"}, mx.exp(joined), joined.sum())
     assert found == {
         "Multiply, Full > Concatenate > Exp, Sum": 1,
-        "Broadcast > Full > Concatenate": 1,  # mx.zeros: a broadcast scalar, filled
+        "Broadcast/source > Full > Concatenate": 1,  # mx.zeros: a broadcast scalar, filled
     }
     probe_ops.main(["--shape", "qwen3-host", "--rows", "2", "--context", "24", "--steps", "2",
                     "--modes", "folded", "--neighbours", "Select"])  # fmt: skip
     lines = capsys.readouterr().out.splitlines()
-    # the padding mask's select, once per layer, feeding the softmax
-    assert lines[2:] == ["      28  Broadcast, Matmul, Broadcast > Select > Softmax"]
+    # the padding mask (built once a step: BitwiseAnd) selects scores or -inf in each layer
+    assert lines[2:] == [
+        "      28  Broadcast/BitwiseAnd, Matmul, Broadcast/source > Select > Softmax"
+    ]
