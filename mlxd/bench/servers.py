@@ -178,8 +178,14 @@ class Server:
         return out
 
     def log_tail(self, n: int = 30) -> str:
+        return "\n".join(self._log().splitlines()[-n:])
+
+    def first_traceback(self) -> str:
+        return first_traceback(self._log())
+
+    def _log(self) -> str:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
 
@@ -199,3 +205,16 @@ class Server:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def first_traceback(log: str) -> str:
+    """The log's first Python traceback through its exception line: the cause, where a dying
+    server's later lines only repeat its effect ("generation thread died", session 27)."""
+    lines = log.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Traceback (most")), None)
+    if start is None:
+        return ""
+    for end in range(start + 1, len(lines)):
+        if lines[end] and not lines[end][0].isspace():
+            return "\n".join(lines[start : end + 1])
+    return "\n".join(lines[start:])

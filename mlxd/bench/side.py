@@ -103,6 +103,7 @@ def run_one(srv: Server, sampler: RSSSampler, wl: Workload, r: int) -> dict[str,
     out = {"figures": fig, "server_metrics": after, "requests": records}
     if fig["errors"]:  # the server's own account of what failed travels with the run
         out["log_tail"] = srv.log_tail(60)
+        out["first_traceback"] = srv.first_traceback()
     return out | ({"engine_waits": waits} if waits else {})
 
 

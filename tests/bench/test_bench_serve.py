@@ -340,11 +340,35 @@ def test_a_round_with_errors_keeps_the_servers_log_tail() -> None:
         side="mlxd",
         metrics=lambda: None,
         log_tail=lambda n=30: f"the last {n} lines",
+        first_traceback=lambda: "Traceback ...",
     )
     wl = Workload(1, 1, 4, "sys", ["task"], [[]], [])
     run = run_one(srv, Sampler(), wl, 0)
     assert run["figures"]["errors"] == 1
-    assert run["log_tail"] == "the last 60 lines"
+    assert run["log_tail"] == "the last 60 lines" and run["first_traceback"] == "Traceback ..."
+
+
+def test_the_first_traceback_is_the_cause_not_the_echoes() -> None:
+    from mlxd.bench.servers import first_traceback
+
+    log = "\n".join([
+        "INFO started",
+        "Traceback (most recent call last):",
+        '  File "gen.py", line 3, in loop',
+        "    mx.eval(x)",
+        "RuntimeError: [cuda] out of memory",
+        "Traceback (most recent call last):",
+        '  File "server.py", line 9, in _inner',
+        "RuntimeError: generation thread died",
+    ])  # fmt: skip
+    assert first_traceback(log).splitlines() == [
+        "Traceback (most recent call last):",
+        '  File "gen.py", line 3, in loop',
+        "    mx.eval(x)",
+        "RuntimeError: [cuda] out of memory",
+    ]
+    assert first_traceback("INFO fine\n") == ""
+    assert first_traceback("Traceback (most recent call last):\n  cut").endswith("  cut")
 
 
 def test_the_capping_wrapper_sets_mlxs_cache_limit_then_runs_the_module(tmp_path: Path) -> None:
