@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--modes", nargs="+", type=_mode, default=here, metavar="MODE[@PARTS]",
         help=f"{', '.join(MODES)}; a +gemv mode may name its parts after @ (MLXD_GEMV_PARTS, "
-        "e.g. folded+fused+gemv@qkv,o,gate_up,down,qk), so part sets alternate in one process",
+        "e.g. folded+fused+gemv@qkv,o,gate_up,down,qk), so part sets alternate in one process; "
+        f"a folded mode may end in {PER_LAYER} (an offset add in every layer, as mlx-lm's)",
     )  # fmt: skip
     p.add_argument(
         "--alternate", type=int, default=0, metavar="BLOCKS",
@@ -158,18 +159,29 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"    {n:4d}  {line}")
 
 
+# A --modes suffix: the folded mode with mlx-lm's offset add in every layer (step_offsets.py off).
+PER_LAYER = "/per-layer-offsets"
+
+
 def _mode(spec: str) -> str:
-    mode, _, parts = spec.partition("@")
+    mode, _, parts = spec.removesuffix(PER_LAYER).partition("@")
     if mode not in MODES or (parts and not mode.endswith("+gemv")):
         raise ValueError(spec)  # argparse's "invalid _mode value"
     return spec
 
 
 def model_for(model: Any, spec: str) -> Any:
-    """The model of a --modes entry: MODE, or a +gemv MODE@PARTS built with those parts."""
-    mode, _, parts = spec.partition("@")
-    if not parts:
-        return for_mode(model, mode)
+    """The model of a --modes entry: MODE, or a +gemv MODE@PARTS built with those parts;
+    either with PER_LAYER after it: each layer advancing its own offset, as mlx-lm's caches do."""
+    mode, _, parts = spec.removesuffix(PER_LAYER).partition("@")
+    built = _with_parts(model, mode, parts) if parts else for_mode(model, mode)
+    if spec.endswith(PER_LAYER):
+        for layer in built.model.layers:
+            layer.self_attn.offsets = None
+    return built
+
+
+def _with_parts(model: Any, mode: str, parts: str) -> Any:
     before = os.environ.get("MLXD_GEMV_PARTS")
     os.environ["MLXD_GEMV_PARTS"] = parts  # read once, when the shadow model is built
     try:
