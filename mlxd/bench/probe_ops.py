@@ -21,6 +21,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..kv import step_offsets
 from ..model.folded_attention import MODES, for_mode, is_shared, missing
 from .models import attention_dims, build_random, rows_parser
 from .probe_graphs import _caches
@@ -72,16 +73,22 @@ def neighbours(kinds: set[str], *roots: mx.array) -> collections.Counter:
     return found
 
 
-def step_fn(model: Any, rows: int, context: int, kv: int, D: int, room: int) -> Callable[[], Any]:
+def step_fn(
+    model: Any, rows: int, context: int, kv: int, D: int, room: int, share: bool = True
+) -> Callable[[], Any]:
     """A greedy batched step over `rows` rows of `context` cached tokens (probe_graphs' caches:
     left padding varied, `room` free slots, so no step grows them): logprobs and tokens, as
-    BatchGenerator's step computes them."""
+    BatchGenerator's step computes them; `share`: the layers' offsets then share one add, as
+    mlxd's step leaves them (kv/step_offsets.py)."""
     cache = _caches(model, rows, context, kv, D, room)
     tokens = mx.zeros((rows, 1), mx.int32)
 
     def step() -> tuple[mx.array, mx.array]:
+        before = step_offsets.offsets(cache)
         logits = model(tokens, cache=cache)[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if share:
+            step_offsets.share(cache, before)
         return logprobs, mx.argmax(logprobs, axis=-1)
 
     return step
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         "--modes", nargs="+", type=_mode, default=here, metavar="MODE[@PARTS]",
         help=f"{', '.join(MODES)}; a +gemv mode may name its parts after @ (MLXD_GEMV_PARTS, "
         "e.g. folded+fused+gemv@qkv,o,gate_up,down,qk), so part sets alternate in one process; "
-        f"a folded mode may end in {PER_LAYER} (an offset add in every layer, as mlx-lm's)",
+        f"a mode may end in {PER_LAYER} (an offset add in every layer, as mlx-lm's step leaves)",
     )  # fmt: skip
     p.add_argument(
         "--alternate", type=int, default=0, metavar="BLOCKS",
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{args.shape}, {rows} rows x {args.context} keys, {mx.default_device()}")
         for mode in args.modes:
             model = model_for(bm.model, mode)
-            step = step_fn(model, rows, args.context, kv, D, args.steps + 2)
+            step = step_fn(model, rows, args.context, kv, D, args.steps + 2, _shares(mode))
             mx.eval(step())  # warm-up: kernels compiled, the fused mode's stacked weights
             counts = primitives(*step())  # a steady step's graph (built, then evaluated below)
             mx.eval(step())
@@ -159,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"    {n:4d}  {line}")
 
 
-# A --modes suffix: the folded mode with mlx-lm's offset add in every layer (step_offsets.py off).
+# A --modes suffix: the step with mlx-lm's offset add in every layer (kv/step_offsets.py off).
 PER_LAYER = "/per-layer-offsets"
 
 
@@ -171,14 +178,14 @@ def _mode(spec: str) -> str:
 
 
 def model_for(model: Any, spec: str) -> Any:
-    """The model of a --modes entry: MODE, or a +gemv MODE@PARTS built with those parts;
-    either with PER_LAYER after it: each layer advancing its own offset, as mlx-lm's caches do."""
+    """The model of a --modes entry: MODE, or a +gemv MODE@PARTS built with those parts
+    (PER_LAYER after either changes the step, not the model: `step_fn`'s share)."""
     mode, _, parts = spec.removesuffix(PER_LAYER).partition("@")
-    built = _with_parts(model, mode, parts) if parts else for_mode(model, mode)
-    if spec.endswith(PER_LAYER):
-        for layer in built.model.layers:
-            layer.self_attn.offsets = None
-    return built
+    return _with_parts(model, mode, parts) if parts else for_mode(model, mode)
+
+
+def _shares(spec: str) -> bool:
+    return not spec.endswith(PER_LAYER)
 
 
 def _with_parts(model: Any, mode: str, parts: str) -> Any:
@@ -200,7 +207,8 @@ def alternate(args: Any) -> None:
     room = args.alternate * args.steps + 4
     for rows in args.rows:
         steps = [
-            step_fn(model_for(bm.model, m), rows, args.context, kv, D, room) for m in args.modes
+            step_fn(model_for(bm.model, m), rows, args.context, kv, D, room, _shares(m))
+            for m in args.modes
         ]
         for step in steps:
             mx.eval(step())

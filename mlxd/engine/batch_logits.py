@@ -7,7 +7,8 @@ does the same adds to the same logits: the same bits, a handful of ops instead o
 A grammar (structured outputs) masks with one `where` over the batch, free rows untouched, and
 its masks are filled on the CPU while the device computes the forward. Repetition, presence and
 frequency penalties run kind by kind over the batch (batch_penalties.py). Any other processor
-(a caller's callable) takes mlx-lm's own step, unchanged.
+(a caller's callable) takes mlx-lm's own step, unchanged. After every step the layers' RoPE
+offsets share one add (kv/step_offsets.py).
 """
 
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ..constrain.mask import apply_bitmask
+from ..kv import step_offsets
 from .batch_penalties import apply_penalties
 from .batch_sampling import sample_rows
 from .gil import StepPhases
@@ -63,6 +65,12 @@ class BiasedGenerationBatch(GenerationBatch):
         return batch
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
+        before = step_offsets.offsets(self.prompt_cache)
+        out = self._processed_step()
+        step_offsets.share(self.prompt_cache, before)  # one offset add next step, not one a layer
+        return out
+
+    def _processed_step(self) -> tuple[list[int], list[mx.array]]:
         kinds = [_kinds(p) for p in self.logits_processors]
         self.current_read, self._next_read = self._next_read, {}
         ours = any(self.logits_processors) or self._mixed() or self._reading()

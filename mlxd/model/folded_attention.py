@@ -21,7 +21,6 @@ from . import row_gemv
 from .decode_kernel import available, flash_attention, supports
 from .fused_projections import Stacked, fused_mlp, stacked_qkv
 from .shared_attention import shared_prefix_attention
-from .step_offsets import StepOffsets
 
 # Architectures whose attention is the standard q/k/v projection, optional q/k RMSNorm, RoPE at
 # the cache offset, cache update, attention, o_proj (tests/model/test_folded_attention.py).
@@ -98,13 +97,11 @@ def folded(
     inner = copy.copy(model.model)
     layers = []
     masks = AlignedMasks()  # one per model: every layer of a step gets the same mask
-    offsets = StepOffsets()  # one per model: the step's first layer advances the offset
     parts = row_gemv.parts() if gemv else frozenset()
-    for i, layer in enumerate(model.model.layers):
+    for layer in model.model.layers:
         twin = copy.copy(layer)
         attn = row_gemv.with_gemv(layer.self_attn, "o_proj") if "o" in parts else layer.self_attn
         twin.self_attn = FoldedAttention(attn, align, masks, flash)
-        twin.self_attn.offsets, twin.self_attn.index = offsets, i
         twin.self_attn.gemv_qk_rows = row_gemv.max_rows() if "qk" in parts else 0
         if fuse:
             twin.self_attn.qkv = stacked_qkv(layer.self_attn, "qkv" in parts)
@@ -195,8 +192,6 @@ class FoldedAttention(nn.Module):
         self.masks = masks if masks is not None else AlignedMasks()
         self.qkv: Stacked | None = None  # set by folded(fuse=True) where the layers stack
         self.gemv_qk_rows = 0  # scores as gemvs up to this many rows (folded(gemv=True), qk)
-        self.offsets: StepOffsets | None = None  # set by folded(): one offset add a step
-        self.index = 0  # this layer's place in the model (for `offsets`)
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         shared = getattr(cache, "prefix_keys", None) is not None
@@ -214,8 +209,6 @@ class FoldedAttention(nn.Module):
         v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
-        if self.offsets is not None:  # `mask` as the model handed it (padded only below)
-            self.offsets.advanced(self.index, mask, cache)
         if shared:
             if self.align > 1:
                 k, v, mask = _aligned(self.align, cache, k, v, mask, self.masks)
