@@ -75,6 +75,8 @@ def test_a_layers_offset_is_its_own_object() -> None:
     caches[1].offset -= 5
     assert caches[0].offset.tolist() == caches[2].offset.tolist() == [1, 0]
     assert caches[1].offset.tolist() == [-4, -5]
+    caches[0].offset += 2  # the first layer's own array, the one the others copied
+    assert caches[2].offset.tolist() == [1, 0] and caches[0].offset.tolist() == [3, 2]
 
 
 def test_layers_that_did_not_advance_and_other_kinds_keep_their_own() -> None:
