@@ -3,6 +3,7 @@
 endpoints. A model id the server does not know (`claude-sonnet-4-5`) means the served model.
 Errors take Anthropic's shape (errors.py, by path)."""
 
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -31,6 +32,8 @@ from .prompt import Prompt
 from .provider import Served
 from .state import ServerState
 from .waiting import until_done_or_disconnect
+
+log = logging.getLogger("mlxd.serve")
 
 
 async def _prompt(state: ServerState, body: dict[str, Any]) -> tuple[Served, Conversation, Prompt]:
@@ -72,6 +75,7 @@ async def _frames(reply: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[
             async for event in reply:
                 yield sse.event(event["type"], event)
         except Exception as e:  # noqa: BLE001 - the status line is gone: Anthropic's error event
+            log.exception("a stream failed after its status line: error event sent")
             yield sse.event("error", error_event(e))
 
 

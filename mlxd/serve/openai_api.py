@@ -2,6 +2,7 @@
 fields and response shapes, with `reasoning_content` beside `reasoning`, `n` as rows, and
 `tool_choice` / `response_format` honoured or refused (never silently ignored)."""
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,6 +26,8 @@ from .provider import Served
 from .state import ServerState
 from .textstream import Delta
 from .waiting import until_done_or_disconnect
+
+log = logging.getLogger("mlxd.serve")
 
 
 def tool_choice_tools(body: dict[str, Any]) -> list[dict] | None:
@@ -210,6 +213,7 @@ class Completion:
                 async for frame in frames:
                     yield frame
             except Exception as e:  # noqa: BLE001 - the status line is gone: an error frame
+                log.exception("a stream failed after its status line: error frame sent")
                 yield sse.data(openai_body(APIError(500, f"{e}")))
                 yield "data: [DONE]\n\n"
 

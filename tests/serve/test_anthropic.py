@@ -440,7 +440,7 @@ def test_client_going_away_frees_the_row(qwen3_server, forced) -> None:
 
 
 def test_failure_mid_stream_is_an_error_event(
-    qwen3_server, client: anthropic.Anthropic, rows_fail_mid_stream
+    qwen3_server, client: anthropic.Anthropic, rows_fail_mid_stream, caplog
 ) -> None:
     body = {"model": MODEL, "max_tokens": 20, "stream": True, "messages": HI}
     r = httpx.post(qwen3_server.url + "/v1/messages", json=body, timeout=60)
@@ -453,6 +453,8 @@ def test_failure_mid_stream_is_an_error_event(
         "error": {"type": "api_error", "message": error["error"]["message"]},
     }
     assert "boom in the row" in error["error"]["message"]
+    logged = [r for r in caplog.records if "error event sent" in r.getMessage()]
+    assert logged and "boom in the row" in str(logged[0].exc_info[1])  # the server says why
     with pytest.raises(anthropic.APIStatusError, match="boom in the row"):
         list(ask(client, max_tokens=20, stream=True))
     rows_fail_mid_stream()  # undo

@@ -179,7 +179,7 @@ def test_stop_words_stop_and_are_stripped(scripted) -> None:
 
 
 def test_failure_mid_stream_is_an_error_frame_the_sdk_raises(
-    qwen3_server, client, rows_fail_mid_stream
+    qwen3_server, client, rows_fail_mid_stream, caplog
 ):
     """A row that fails after the status line went out ends with OpenAI's error object in a
     frame, then [DONE] (vLLM's form), not a cut connection; the engine serves on."""
@@ -194,6 +194,8 @@ def test_failure_mid_stream_is_an_error_frame_the_sdk_raises(
     error = json.loads(frames[-2])
     assert set(error) == {"error"} and error["error"]["type"] == "server_error"
     assert "boom in the row" in error["error"]["message"]
+    logged = [r for r in caplog.records if "error frame sent" in r.getMessage()]
+    assert logged and "boom in the row" in str(logged[0].exc_info[1])  # the server says why
     assert json.loads(frames[0])["choices"][0]["delta"]["content"] is not None  # tokens first
     with pytest.raises(openai.APIError, match="boom in the row"):
         list(client.chat.completions.create(model="default_model", messages=msgs, stream=True))
