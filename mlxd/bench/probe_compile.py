@@ -71,7 +71,7 @@ class StaticAttention(nn.Module):
 
 def static_model(model: nn.Module) -> nn.Module:
     """A shallow copy of `model` whose layers attend with StaticAttention (weights shared)."""
-    shadow = folded(model, 1)
+    shadow = folded(model, 1, rows=False)  # its own 3-D attention below
     for layer in shadow.model.layers:
         layer.self_attn = StaticAttention(layer.self_attn.inner)
     return shadow

@@ -7,14 +7,15 @@ of a step's worth of attention layers (the cache's key/value views, left padding
 
 import mlx.core as mx
 
+from ..model.aligned_keys import AlignedMasks, aligned, key_alignment
 from ..model.decode_kernel import Tiling, available, flash_attention
-from ..model.folded_attention import AlignedMasks, _aligned, attention, key_alignment
+from ..model.folded_attention import attention
 from .models import attention_dims, rows_parser
 from .probe_attention import decode_inputs, timed
 
 
 class _Buffer:
-    """What `_aligned` reads of a cache: its key and value buffers."""
+    """What `aligned` reads of a cache: its key and value buffers."""
 
     def __init__(self, keys: mx.array, values: mx.array) -> None:
         self.keys, self.values = keys, values
@@ -26,7 +27,7 @@ def row(B: int, L: int, heads: int, kv: int, D: int, layers: int, tilings: list[
     masks, buf = AlignedMasks(), _Buffer(kb, vb)
 
     def folded() -> mx.array:  # as FoldedAttention runs it: keys aligned, then o_proj's layout
-        ka, va, ma = _aligned(key_alignment(), buf, k, v, mask, masks)
+        ka, va, ma = aligned(key_alignment(), buf, k, v, mask, masks)
         return attention(q, ka, va, s, ma).transpose(0, 2, 1, 3).reshape(B, 1, -1)
 
     f32 = [x.astype(mx.float32) for x in (q, k, v)]

@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         "--modes", nargs="+", type=_mode, default=here, metavar="MODE[@PARTS]",
         help=f"{', '.join(MODES)}; a +gemv mode may name its parts after @ (MLXD_GEMV_PARTS, "
         "e.g. folded+fused+gemv@qkv,o,gate_up,down,qk), so part sets alternate in one process; "
-        f"a mode may end in {PER_LAYER} (an offset add in every layer, as mlx-lm's step leaves)",
+        f"a mode may end in {THREE_D} (the folded modes' 3-D step, before model/rows_step.py) "
+        f"and/or {PER_LAYER} (an offset add in every layer, as mlx-lm's step leaves)",
     )  # fmt: skip
     p.add_argument(
         "--alternate", type=int, default=0, metavar="BLOCKS",
@@ -166,33 +167,45 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"    {n:4d}  {line}")
 
 
-# A --modes suffix: the step with mlx-lm's offset add in every layer (kv/step_offsets.py off).
+# --modes suffixes: the step with mlx-lm's offset add in every layer (kv/step_offsets.py off);
+# the folded modes' 3-D step (model/rows_step.py off). Either or both, in this order.
 PER_LAYER = "/per-layer-offsets"
+THREE_D = "/3d"
+
+
+def _parse(spec: str) -> tuple[str, str, bool, bool]:
+    """MODE[@PARTS][/3d][/per-layer-offsets] -> (mode, parts, shares offsets, rows step)."""
+    rest = spec.removesuffix(PER_LAYER)
+    base = rest.removesuffix(THREE_D)
+    mode, _, parts = base.partition("@")
+    return mode, parts, rest == spec, base == rest
 
 
 def _mode(spec: str) -> str:
-    mode, _, parts = spec.removesuffix(PER_LAYER).partition("@")
+    mode, parts, _, _ = _parse(spec)
     if mode not in MODES or (parts and not mode.endswith("+gemv")):
         raise ValueError(spec)  # argparse's "invalid _mode value"
     return spec
 
 
 def model_for(model: Any, spec: str) -> Any:
-    """The model of a --modes entry: MODE, or a +gemv MODE@PARTS built with those parts
-    (PER_LAYER after either changes the step, not the model: `step_fn`'s share)."""
-    mode, _, parts = spec.removesuffix(PER_LAYER).partition("@")
-    return _with_parts(model, mode, parts) if parts else for_mode(model, mode)
+    """The model of a --modes entry: MODE, or a +gemv MODE@PARTS built with those parts, with
+    THREE_D its 3-D step (PER_LAYER changes the step, not the model: `step_fn`'s share)."""
+    mode, parts, _, rows = _parse(spec)
+    return _with_parts(model, mode, parts, rows)
 
 
 def _shares(spec: str) -> bool:
-    return not spec.endswith(PER_LAYER)
+    return _parse(spec)[2]
 
 
-def _with_parts(model: Any, mode: str, parts: str) -> Any:
+def _with_parts(model: Any, mode: str, parts: str, rows: bool) -> Any:
+    if not parts:
+        return for_mode(model, mode, rows)
     before = os.environ.get("MLXD_GEMV_PARTS")
     os.environ["MLXD_GEMV_PARTS"] = parts  # read once, when the shadow model is built
     try:
-        return for_mode(model, mode)
+        return for_mode(model, mode, rows)
     finally:
         if before is None:
             del os.environ["MLXD_GEMV_PARTS"]

@@ -18,8 +18,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import row_gemv
+from .aligned_keys import AlignedMasks, aligned, key_alignment
 from .decode_kernel import available, flash_attention, supports
 from .fused_projections import Stacked, fused_mlp, stacked_qkv
+from .rows_step import Projections, StepConstants, rows_block
 from .shared_attention import shared_prefix_attention
 
 # Architectures whose attention is the standard q/k/v projection, optional q/k RMSNorm, RoPE at
@@ -56,11 +58,11 @@ def is_flash(mode: str) -> bool:
     return mode.startswith("flash")
 
 
-def for_mode(model: nn.Module, mode: str) -> nn.Module:
-    """The model a batch of this --batched-attention mode steps."""
+def for_mode(model: nn.Module, mode: str, rows: bool = True) -> nn.Module:
+    """The model a batch of this --batched-attention mode steps (`rows`: folded's)."""
     if not is_folded(mode):
         return model
-    return folded(model, fuse=is_fused(mode), flash=is_flash(mode), gemv=is_gemv(mode))
+    return folded(model, fuse=is_fused(mode), flash=is_flash(mode), gemv=is_gemv(mode), rows=rows)
 
 
 def missing(mode: str) -> str | None:
@@ -84,12 +86,14 @@ def folded(
     fuse: bool = False,
     flash: bool = False,
     gemv: bool = False,
+    rows: bool = True,
 ) -> nn.Module:
     """A model sharing `model`'s weights whose batched decode attention is folded, over keys
     padded to a multiple of `align` (default: `key_alignment()`); `fuse`: its batched decode
     steps also run q/k/v and gate/up as one matmul each, over copies of those weights; `flash`:
     the attention runs as decode_kernel.py's CUDA kernels (no padding needed); `gemv`: those
-    steps' small projections run as row_gemv.py's batched gemv (with `fuse`)."""
+    steps' small projections run as row_gemv.py's batched gemv (with `fuse`); `rows`: the
+    blocks step on 2-D rows (rows_step.py; off: the 3-D step, for probes and tests)."""
     align = key_alignment() if align is None else align
     if (why := unsupported(model, "flash" if flash else "folded")) is not None:
         raise ValueError(why)
@@ -97,16 +101,17 @@ def folded(
     inner = copy.copy(model.model)
     layers = []
     masks = AlignedMasks()  # one per model: every layer of a step gets the same mask
+    constants = StepConstants()
     parts = row_gemv.parts() if gemv else frozenset()
     for layer in model.model.layers:
         twin = copy.copy(layer)
         attn = row_gemv.with_gemv(layer.self_attn, "o_proj") if "o" in parts else layer.self_attn
-        twin.self_attn = FoldedAttention(attn, align, masks, flash)
+        twin.self_attn = FoldedAttention(attn, align, masks, flash, constants)
         twin.self_attn.gemv_qk_rows = row_gemv.max_rows() if "qk" in parts else 0
         if fuse:
             twin.self_attn.qkv = stacked_qkv(layer.self_attn, "qkv" in parts)
             twin.mlp = fused_mlp(layer.mlp, "gate_up" in parts, "down" in parts)
-        layers.append(twin)
+        layers.append(rows_block(twin) if rows else twin)
     inner.layers = layers
     shadow.model = inner
     if "head" in parts:
@@ -115,59 +120,33 @@ def folded(
 
 
 def attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array, gemv: bool = False
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    mask: mx.array,
+    gemv: bool = False,
+    held: StepConstants | None = None,
 ) -> mx.array:
     """MLX's fallback formula (scale, scores, mask, precise softmax, weighted sum) for one query
     per row, with each KV head's query group as the rows of one matmul instead of a broadcast.
-    `gemv`: the scores as row_gemv.scores' batch of gemvs."""
+    `gemv`: the scores as row_gemv.scores' batch of gemvs; `held`: the broadcast constants
+    from there (the same values, no Broadcast nodes)."""
     B, n_heads, _, D = q.shape
     n_kv, L = k.shape[1], k.shape[2]
-    q = (q * mx.array(scale, q.dtype)).reshape(B, n_kv, n_heads // n_kv, D)
+    s = mx.array(scale, q.dtype) if held is None else held.scale(scale, q.shape, q.dtype)
+    q = (q * s).reshape(B, n_kv, n_heads // n_kv, D)
     scores = row_gemv.scores(q, k) if gemv else q @ k.swapaxes(-1, -2)
-    mask = mask.reshape(B, 1, 1, L)
-    if mask.dtype == mx.bool_:
+    if held is not None and mask.dtype == mx.bool_:
+        keep, fill = held.where(mask, scores.shape, scores.dtype)
+        scores = mx.where(keep, scores, fill)
+    elif mask.dtype == mx.bool_:
+        mask = mask.reshape(B, 1, 1, L)
         scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
     else:
-        scores = scores + mask
+        scores = scores + mask.reshape(B, 1, 1, L)
     scores = mx.softmax(scores, axis=-1, precise=True)
     return (scores @ v).reshape(B, n_heads, 1, D)
-
-
-def key_alignment() -> int:
-    """Keys per row are rounded up to a multiple of this on CUDA. cuBLAS leaves its tensor-core
-    kernels for an odd leading dimension: 31 ms against 7.4 ms for an 8B step's attention at
-    32 rows x 4,097 keys on an H200 (docs/performance.md). The CPU keeps MLX's bits: 1."""
-    return 8 if mx.cuda.is_available() else 1
-
-
-class AlignedMasks:
-    """The step's mask padded to the aligned key count, built once per step: the model hands
-    every layer the same mask array, so the first layer's padding serves the rest."""
-
-    def __init__(self) -> None:
-        self._of: mx.array | None = None  # held, so compared by identity
-        self._n = 0
-        self._padded: mx.array | None = None
-        self.built = 0  # padded masks built (tests: one per step, not one per layer)
-
-    def padded(self, mask: mx.array, n: int) -> mx.array:
-        if mask is not self._of or n != self._n:
-            pad = mx.zeros((*mask.shape[:-1], n - mask.shape[-1]), mx.bool_)
-            self._of, self._n = mask, n
-            self._padded = mx.concatenate([mask, pad], axis=-1)
-            self.built += 1
-        return self._padded  # type: ignore[return-value]
-
-
-def _aligned(align: int, cache: Any, k: mx.array, v: mx.array, mask: mx.array, masks: Any):
-    """Keys and values up to the next multiple of `align` from the cache's buffer, the extra
-    positions masked out (their weights are exactly 0, whatever the buffer holds there)."""
-    L = k.shape[2]
-    n = -(-L // align) * align
-    buf = getattr(cache, "keys", None)
-    if n == L or not isinstance(buf, mx.array) or buf.shape[2] < n or mask.dtype != mx.bool_:
-        return k, v, mask
-    return buf[..., :n, :], cache.values[..., :n, :], masks.padded(mask, n)
 
 
 def _foldable(x: mx.array, mask: Any, cache: Any) -> bool:
@@ -183,13 +162,20 @@ class FoldedAttention(nn.Module):
     """Wraps one layer's attention: the same projections, norms and RoPE, folded attention."""
 
     def __init__(
-        self, inner: nn.Module, align: int = 1, masks: Any = None, flash: bool = False
+        self,
+        inner: nn.Module,
+        align: int = 1,
+        masks: Any = None,
+        flash: bool = False,
+        constants: StepConstants | None = None,
     ) -> None:
         super().__init__()
         self.inner = inner
         self.align = align
         self.flash = flash
         self.masks = masks if masks is not None else AlignedMasks()
+        self.constants = constants if constants is not None else StepConstants()
+        self.proj = Projections(inner)  # for the rows step (rows_step.py)
         self.qkv: Stacked | None = None  # set by folded(fuse=True) where the layers stack
         self.gemv_qk_rows = 0  # scores as gemvs up to this many rows (folded(gemv=True), qk)
 
@@ -211,13 +197,37 @@ class FoldedAttention(nn.Module):
         k, v = cache.update_and_fetch(k, v)
         if shared:
             if self.align > 1:
-                k, v, mask = _aligned(self.align, cache, k, v, mask, self.masks)
+                k, v, mask = aligned(self.align, cache, k, v, mask, self.masks)
             pk, pv = cache.prefix_keys, cache.prefix_values
             out = shared_prefix_attention(q, pk, pv, k, v, a.scale, mask)
             return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
         if self.flash and supports(q, k, mask):
             return a.o_proj(flash_attention(q, k, v, a.scale, mask))
         if self.align > 1:
-            k, v, mask = _aligned(self.align, cache, k, v, mask, self.masks)
+            k, v, mask = aligned(self.align, cache, k, v, mask, self.masks)
         out = attention(q, k, v, a.scale, mask, B <= self.gemv_qk_rows)
         return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def takes_rows(self, x: mx.array, mask: Any, cache: Any) -> bool:
+        """Whether its block steps on 2-D rows (rows_step.py): a folded step, not flash's
+        kernels nor a shared prefix (those keep the 3-D step)."""
+        if self.flash or getattr(cache, "prefix_keys", None) is not None:
+            return False
+        return _foldable(x, mask, cache)
+
+    def rows(self, x: mx.array, mask: mx.array, cache: Any) -> mx.array:
+        """The folded step over (B, D) rows: the heads reshaped straight to (B, H, 1, D), the
+        weights' transposes and the attention's constants held (rows_step.py)."""
+        a, p = self.inner, self.proj
+        B = x.shape[0]
+        q, k, v = self.qkv(x) if self.qkv is not None else (p.q(x), p.k(x), p.v(x))
+        q, k = q.reshape(B, a.n_heads, 1, -1), k.reshape(B, a.n_kv_heads, 1, -1)
+        if hasattr(a, "q_norm"):  # qwen3
+            q, k = a.q_norm(q), a.k_norm(k)
+        v = v.reshape(B, a.n_kv_heads, 1, -1)
+        q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        if self.align > 1:
+            k, v, mask = aligned(self.align, cache, k, v, mask, self.masks)
+        out = attention(q, k, v, a.scale, mask, B <= self.gemv_qk_rows, self.constants)
+        return p.o(out.reshape(B, -1))

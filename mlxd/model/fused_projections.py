@@ -16,6 +16,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.activations import swiglu
 
 from .row_gemv import GemvMatmul, few_rows, fits, with_gemv
+from .rows_step import dense_mlps, held
 
 
 class Stacked:
@@ -34,6 +35,7 @@ class Stacked:
         self.edges = list(itertools.accumulate(widths))[:-1]
         routed = gemv and not self.quant and fits(self.arrays["weight"])  # stackable: one kind
         self.gemv = GemvMatmul(self.arrays["weight"]) if routed else None
+        self._wt = self.arrays["weight"].T  # made once: no Transpose node a step (rows_step.py)
 
     def __call__(self, x: mx.array) -> list[mx.array]:
         a = self.arrays
@@ -46,10 +48,9 @@ class Stacked:
                 group_size=self.group_size, bits=self.bits, mode=self.mode,
             )  # fmt: skip
             y = y + a["bias"] if "bias" in a else y
-        elif "bias" in a:
-            y = mx.addmm(a["bias"], x, a["weight"].T)
-        else:
-            y = x @ a["weight"].T
+        else:  # 2-D rows take the held transpose; 3-D keeps a `.T` a call (the probes' baseline)
+            wt = self._wt if x.ndim == 2 else a["weight"].T
+            y = x @ wt if "bias" not in a else mx.addmm(a["bias"], x, wt)
         return mx.split(y, self.edges, axis=-1)
 
 
@@ -65,14 +66,6 @@ def stackable(linears: list[Any]) -> bool:
     return all(getattr(lin, k, None) == getattr(first, k, None) for lin in linears for k in quant)
 
 
-# MLPs whose call is down(swiglu(gate(x), up(x))), checked by class (mlx-lm's llama, qwen2,
-# qwen3 and qwen3_moe dense layers).
-def _swiglu_mlps() -> tuple[type, ...]:
-    from mlx_lm.models import llama, qwen2, qwen3, qwen3_moe
-
-    return (llama.MLP, qwen2.MLP, qwen3.MLP, qwen3_moe.MLP)
-
-
 class FusedMLP(nn.Module):
     """Wraps one swiglu MLP: a one-token step of several rows runs gate and up as one matmul;
     anything else goes to the original module, op for op."""
@@ -81,6 +74,7 @@ class FusedMLP(nn.Module):
         super().__init__()
         self.inner = with_gemv(inner, "down_proj") if gemv_down else inner
         self._gate_up = Stacked([inner.gate_proj, inner.up_proj], gemv)
+        self._down = held(self.inner.down_proj)
 
     def __call__(self, x: mx.array) -> mx.array:
         if not few_rows(x):
@@ -88,11 +82,16 @@ class FusedMLP(nn.Module):
         gate, up = self._gate_up(x)
         return self.inner.down_proj(swiglu(gate, up))
 
+    def rows(self, x: mx.array) -> mx.array:
+        """A batched step's (B, D) rows (rows_step.py): down_proj's transpose held."""
+        gate, up = self._gate_up(x)
+        return self._down(swiglu(gate, up))
+
 
 def fused_mlp(mlp: Any, gemv: bool = False, gemv_down: bool = False) -> Any:
     """`mlp` wrapped in FusedMLP where its class and projections allow, else `mlp` itself;
     `gemv` / `gemv_down`: gate/up / down through row_gemv.py in a batched decode step."""
-    if type(mlp) not in _swiglu_mlps() or not stackable([mlp.gate_proj, mlp.up_proj]):
+    if type(mlp) not in dense_mlps() or not stackable([mlp.gate_proj, mlp.up_proj]):
         return mlp
     return FusedMLP(mlp, gemv, gemv_down)
 

@@ -16,6 +16,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .rows_step import HeldLinear
+
 PARTS = ("qkv", "o", "gate_up", "down", "head", "qk")
 DEFAULT_PARTS = PARTS[:4]  # the head and the attention scores: probe knobs, not measured wins
 # Weights above this go to cuBLASLt: every row re-reads the weight, which must stay in L2
@@ -52,14 +54,15 @@ class GemvMatmul:
         self._wide: dict[int, mx.array] = {}  # rows -> the weight broadcast (a view, no copy)
 
     def takes(self, x: mx.array) -> bool:
-        return few_rows(x) and x.shape[0] <= self.cap
+        rows = few_rows(x) or (x.ndim == 2 and x.shape[0] >= 2)  # 2-D: rows_step.py's step
+        return rows and x.shape[0] <= self.cap
 
     def __call__(self, x: mx.array) -> mx.array:
-        B, _, K = x.shape
+        B, K = x.shape[0], x.shape[-1]
         w = self._wide.get(B)
         if w is None:
             w = self._wide[B] = mx.broadcast_to(self.weight, (B, *self.weight.shape))
-        return (w @ x.reshape(B, K, 1)).reshape(B, 1, -1)
+        return (w @ x.reshape(B, K, 1)).reshape(*x.shape[:-1], -1)
 
 
 def scores(q: mx.array, k: mx.array) -> mx.array:
@@ -89,10 +92,11 @@ class GemvLinear(nn.Module):
         super().__init__()
         self.inner = inner
         self._gemv = GemvMatmul(inner.weight)
+        self._held = HeldLinear(inner)
 
     def __call__(self, x: mx.array) -> mx.array:
-        if not self._gemv.takes(x):
-            return self.inner(x)
+        if not self._gemv.takes(x):  # 2-D rows: the rows step's held transpose (rows_step.py)
+            return self._held(x) if x.ndim == 2 else self.inner(x)
         y = self._gemv(x)
         return y + self.inner.bias if "bias" in self.inner else y
 

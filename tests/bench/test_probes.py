@@ -197,7 +197,9 @@ def test_probe_ops_counts_a_steps_primitives_for_each_mode(capsys) -> None:
         "mlx": 28 * 9 + 1, "folded": 28 * 9 + 1, "folded+fused": fused, "folded+fused+gemv": fused
     }  # fmt: skip
     views = {mode: int(re.search(r"views +(\d+)", line)[1]) for mode, line in rows.items()}
-    assert views["folded+fused+gemv"] == views["folded+fused"] - 28 * 4  # one view a projection
+    # over 2-D rows (model/rows_step.py) a projection takes no view, a gemv two (rows as
+    # vectors and back)
+    assert views["folded+fused+gemv"] == views["folded+fused"] + 28 * 4 * 2
 
 
 def test_probe_ops_alternates_modes_block_by_block(capsys) -> None:
@@ -235,6 +237,24 @@ def test_probe_ops_builds_a_gemv_mode_with_the_named_parts(monkeypatch) -> None:
     assert os.environ["MLXD_GEMV_PARTS"] == "qkv"
     with pytest.raises(ValueError):
         probe_ops._mode("folded+fused@qk")  # parts only for a +gemv mode
+
+
+def test_probe_ops_suffixes_pick_the_3d_step_and_per_layer_offsets() -> None:
+    from mlxd.bench import probe_ops
+    from mlxd.bench.models import build_random
+    from mlxd.model.rows_step import RowsStep
+
+    assert probe_ops._parse("folded+fused+gemv@o/3d/per-layer-offsets") == (
+        "folded+fused+gemv", "o", False, False
+    )  # fmt: skip
+    assert probe_ops._parse("folded+fused") == ("folded+fused", "", True, True)
+    assert probe_ops._parse("folded/per-layer-offsets") == ("folded", "", False, True)
+    model = build_random("qwen3-host", "bfloat16").model
+    assert isinstance(probe_ops.model_for(model, "folded+fused").model.layers[0], RowsStep)
+    three_d = probe_ops.model_for(model, "folded+fused/3d").model.layers[0]
+    assert not isinstance(three_d, RowsStep) and three_d.self_attn.qkv is not None
+    with pytest.raises(ValueError):
+        probe_ops._mode("folded+fused/per-layer-offsets/3d")  # the suffixes' order is fixed
 
 
 def test_primitives_counts_each_op_once() -> None:

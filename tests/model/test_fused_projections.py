@@ -5,13 +5,11 @@ On the CPU a stacked matmul computes each output column as the separate one does
 must equal folded attention (and so BatchGenerator) bit for bit there; on CUDA another kernel
 shape may round otherwise, which is why it is opt-in."""
 
-import copy
-
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from fixtures.batch_oracle import batch_generator_outputs
-from fixtures.folded_models import PROMPTS, load_model, padded_decode, qwen2_model
+from fixtures.folded_models import ARCHS, PROMPTS, arch_model, load_model, padded_decode
 
 from mlxd.engine.batch import BatchConfig
 from mlxd.engine.engine import Engine
@@ -20,20 +18,9 @@ from mlxd.model import folded_attention as fa
 from mlxd.model import fused_projections as fp
 
 
-def _quantized(model):
-    q = copy.deepcopy(model)
-    nn.quantize(q, group_size=32, bits=4)
-    mx.eval(q.parameters())
-    return q
-
-
-@pytest.fixture(params=["llama", "qwen3", "qwen3_moe", "qwen2", "qwen3-4bit"])
+@pytest.fixture(params=ARCHS)
 def model(request, tiny_model):
-    if request.param == "qwen2":
-        return qwen2_model()
-    if request.param == "qwen3-4bit":
-        return _quantized(load_model(tiny_model, "qwen3"))
-    return load_model(tiny_model, request.param)
+    return arch_model(tiny_model, request.param)
 
 
 @pytest.fixture

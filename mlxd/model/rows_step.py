@@ -1,0 +1,126 @@
+"""The folded modes' batched decode step over 2-D rows, with fewer view nodes a layer.
+
+A one-token step of B rows reaches each decoder block as (B, 1, D). In MLX each projection of
+a 3-D input is a Flatten, the matmul and an Unflatten; each `weight.T` is a new Transpose node
+on every call; each head split is a reshape and a transpose; each scalar or mask broadcast is a
+Broadcast node: ~31 views a layer. A view launches no kernel, but MLX's eval still visits it on
+the host (~1.3 µs each on the CI CPU), and the small models' step is host-bound
+(docs/performance.md, session 28). Here a block's step runs on (B, D) rows: each weight's
+transpose is made once (evaluated with the first step, it is a plain strided array after), the
+heads are reshaped straight to (B, H, 1, D) and the attention's broadcast constants are held.
+The memory order, the kernels and so the bits are the same (tests/model/test_rows_step.py).
+"""
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class HeldLinear:
+    """x @ W.T (plus the bias, as nn.Linear computes it) over a transpose of W made once: the
+    same strides as the `.T` nn.Linear makes every call, so the same kernel and bits."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        self.bias = linear.bias if "bias" in linear else None
+        self.wt = linear.weight.T
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x @ self.wt if self.bias is None else mx.addmm(self.bias, x, self.wt)
+
+
+def held(linear: Any) -> Any:
+    """A plain Linear as a HeldLinear; anything else (quantized layers, whose kernels take the
+    weight untransposed, or the gemv wrapper) as it is."""
+    return HeldLinear(linear) if type(linear) is nn.Linear else linear
+
+
+class Projections:
+    """An attention module's q, k, v and o projections, plain Linears held transposed."""
+
+    def __init__(self, attn: Any) -> None:
+        self.q, self.k, self.v, self.o = (
+            held(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+        )
+
+
+class StepConstants:
+    """The folded attention's broadcast constants, made once and held by every layer of a model:
+    the query scale per shape (across steps) and the mask's `where` arguments per step (every
+    layer of a step gets the same mask array, so the first layer's serve the rest)."""
+
+    def __init__(self) -> None:
+        self._scales: dict[tuple, mx.array] = {}  # one per row count: bounded by the batch cap
+        self._mask: mx.array | None = None  # held, so compared by identity
+        self._where: tuple[tuple, mx.array, mx.array] | None = None
+
+    def scale(self, value: float, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+        key = (value, shape, dtype)
+        if (s := self._scales.get(key)) is None:
+            s = self._scales[key] = mx.broadcast_to(mx.array(value, dtype), shape)
+        return s
+
+    def where(self, mask: mx.array, shape: tuple[int, ...], dtype: mx.Dtype) -> tuple:
+        """`mask` (B, L) as the scores' (B, kv heads, group, L) condition, and the fill."""
+        if mask is not self._mask or self._where is None or self._where[0] != (shape, dtype):
+            B, L = shape[0], shape[-1]
+            keep = mx.broadcast_to(mask.reshape(B, 1, 1, L), shape)
+            fill = mx.broadcast_to(mx.array(mx.finfo(dtype).min, dtype), shape)
+            self._mask, self._where = mask, ((shape, dtype), keep, fill)
+        return self._where[1], self._where[2]
+
+
+class RowsStep:
+    """Mixed into a copy of a pre-norm decoder block (`rows_block`): a folded one-token step of
+    several rows runs as mlx-lm's block does, `x + attn(norm(x))` then `h + mlp(norm(h))`, over
+    (B, D); anything else goes to the block's own call."""
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        attn = self.self_attn  # type: ignore[attr-defined]
+        if not attn.takes_rows(x, mask, cache):
+            return super().__call__(x, mask, cache)  # type: ignore[misc]
+        B, _, D = x.shape
+        x = x.reshape(B, D)
+        h = x + attn.rows(self.input_layernorm(x), mask, cache)  # type: ignore[attr-defined]
+        mlp = self.mlp  # type: ignore[attr-defined]
+        out = h + _mlp_rows(mlp, self.post_attention_layernorm(h))  # type: ignore[attr-defined]
+        return out.reshape(B, 1, D)
+
+
+def _mlp_rows(mlp: Any, x: mx.array) -> mx.array:
+    if hasattr(mlp, "rows"):  # FusedMLP
+        return mlp.rows(x)
+    if type(mlp) in dense_mlps():  # Linear layers: any leading shape
+        return mlp(x)
+    return mlp(x[:, None]).squeeze(1)  # a mixture of experts keeps its 3-D call, op for op
+
+
+def dense_mlps() -> tuple[type, ...]:
+    """MLPs whose call is down(swiglu(gate(x), up(x))), checked by class (mlx-lm's llama,
+    qwen2, qwen3 and qwen3_moe dense layers)."""
+    from mlx_lm.models import llama, qwen2, qwen3, qwen3_moe
+
+    return (llama.MLP, qwen2.MLP, qwen3.MLP, qwen3_moe.MLP)
+
+
+def blocks() -> tuple[type, ...]:
+    """The decoder blocks whose call is exactly RowsStep's formula (read in mlx-lm 0.32)."""
+    from mlx_lm.models import llama, qwen2, qwen3, qwen3_moe
+
+    return (llama.TransformerBlock, qwen2.TransformerBlock, qwen3.TransformerBlock,
+            qwen3_moe.Qwen3MoeDecoderLayer)  # fmt: skip
+
+
+_classes: dict[type, type] = {}
+
+
+def rows_block(twin: Any) -> Any:
+    """`twin` (a shallow copy of one of `blocks()`) with RowsStep mixed into its class, so it
+    keeps every attribute its model reads (`self_attn`, `mlp`, llama's `use_sliding`)."""
+    base = type(twin)
+    if base not in blocks():
+        return twin
+    if (cls := _classes.get(base)) is None:
+        cls = _classes[base] = type(f"Rows{base.__name__}", (RowsStep, base), {})
+    twin.__class__ = cls
+    return twin
