@@ -25,6 +25,9 @@ class Turns:
     _batches: dict[Any, Any]
     config: Any
     _clear_due = False  # a closed batch's mx.clear_cache(), after its last events went out
+    # MLX-CUDA throws on a failed cudaMallocAsync without first releasing its own cached
+    # buffers (allocator.cpp), so after any failed step the engine releases them: the next
+    # step, or another process on the GPU, gets that memory. Buffers only: no bits change.
     _trace: Any
     admission: Any
     sharing: Any
@@ -70,6 +73,7 @@ class Turns:
         except Exception as e:  # noqa: BLE001 - the loop must outlive any one turn's failure
             log.exception("engine turn failed; its rows end with the error")
             self._fail_running(e)
+            mx.clear_cache()
         return True
 
     def _fork_turn(self) -> None:
@@ -93,6 +97,7 @@ class Turns:
                     self._forks.remove(job)
                 for handle, out in zip(job.handles, job.outs, strict=True):
                     handle.put(out.done("error", e))
+                mx.clear_cache()
 
     def _serial_turn(self) -> None:
         row, handle, out = self._serial
@@ -123,7 +128,7 @@ class Turns:
                 done.prompt_cache = row.cache
             self._keep(row, done)
             self._serial, self._alone = None, False
-            clears = row.clears
+            clears = row.clears or done.reason == "error"
             del row  # the caches go before the caller hears "done"
             if clears:
                 mx.clear_cache()
@@ -186,4 +191,5 @@ class Turns:
             log.exception("batched step failed; its rows end with the error")
             events = [(r.handle, r.out.done("error", e)) for r in batch.rows.values()]
             batch.rows.clear()
+            self._clear_due = True  # once the failed batch has closed
             return events

@@ -8,6 +8,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -275,6 +276,49 @@ def test_an_unexpected_turn_failure_fails_running_rows_not_the_engine(model) -> 
         with pytest.raises(RuntimeError, match="turn exploded"):
             list(first)
         after = engine.submit(GenerationRequest(prompt=mx.array(PROMPTS[1]), max_tokens=3))
+        assert len(list(after)) == 3 and engine.alive
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("where", ["none", "batched step", "serial row", "turn", "fork"])
+def test_a_failed_step_releases_mlxs_buffer_cache(model, monkeypatch, where: str) -> None:
+    """MLX-CUDA throws on a failed allocation without releasing its own cached buffers, so
+    after a failed step the engine clears them, even with clearing off (CUDA's default);
+    "none": the same requests succeeding clear nothing (the control)."""
+    from mlxd.engine.batch import BatchConfig
+    from mlxd.engine.fork import ForkJob
+
+    def broken(*_: Any) -> Any:
+        raise MemoryError("out of memory, say")
+
+    cleared: list[int] = []
+    real = mx.clear_cache
+    monkeypatch.setattr(mx, "clear_cache", lambda: cleared.append(1) or real())
+    engine = Engine(model, batch=4, batch_config=BatchConfig(4, 4, 2048, clear_cache=False))
+    try:
+        if where == "turn":  # whatever escapes a turn: the serial turn fails once
+            real_turn = engine._serial_turn
+            engine._serial_turn = broken
+        if where == "fork":  # an n > 1 request's shared prefill
+            monkeypatch.setattr(ForkJob, "step", broken)
+            handles = engine.submit_n(GenerationRequest(prompt=mx.array(PROMPTS[0])), 2)
+        else:
+            sampler = broken if where in ("batched step", "serial row") else None
+            prompts = PROMPTS[:2] if where == "batched step" else PROMPTS[:1]
+            reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=3, sampler=sampler)
+                    for p in prompts]  # fmt: skip
+            handles = engine.submit_many(reqs)
+        for handle in handles:
+            if where == "none":
+                assert len(list(handle)) == 3
+            else:
+                with pytest.raises(MemoryError):
+                    list(handle)
+        assert (len(cleared) > 0) == (where != "none"), cleared
+        if where == "turn":
+            engine._serial_turn = real_turn
+        after = engine.submit(GenerationRequest(prompt=mx.array(PROMPTS[2]), max_tokens=3))
         assert len(list(after)) == 3 and engine.alive
     finally:
         engine.close()
