@@ -78,8 +78,8 @@ def test_turns_built_together_join_one_wave(make_server, monkeypatch, window) ->
     def barrier(*args, **kwargs):
         out = build(*args, **kwargs)
         index = together.wait()
-        if window == 0.0 and index:  # the others follow the first after it has started
-            threading.Event().wait(0.5)
+        if index:  # the others follow the first once it has queued: the engine sees them on
+            threading.Event().wait(0.5)  # their way (all four queued first needed no hold)
         return out
 
     monkeypatch.setattr(openai_api, "chat_prompt", barrier)
