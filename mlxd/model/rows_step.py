@@ -11,6 +11,7 @@ heads are reshaped straight to (B, H, 1, D) and the attention's broadcast consta
 The memory order, the kernels and so the bits are the same (tests/model/test_rows_step.py).
 """
 
+import functools
 from typing import Any
 
 import mlx.core as mx
@@ -95,6 +96,7 @@ def _mlp_rows(mlp: Any, x: mx.array) -> mx.array:
     return mlp(x[:, None]).squeeze(1)  # a mixture of experts keeps its 3-D call, op for op
 
 
+@functools.cache  # read per layer per step (_mlp_rows): the import and tuple once
 def dense_mlps() -> tuple[type, ...]:
     """MLPs whose call is down(swiglu(gate(x), up(x))), checked by class (mlx-lm's llama,
     qwen2, qwen3 and qwen3_moe dense layers)."""
@@ -103,6 +105,7 @@ def dense_mlps() -> tuple[type, ...]:
     return (llama.MLP, qwen2.MLP, qwen3.MLP, qwen3_moe.MLP)
 
 
+@functools.cache
 def blocks() -> tuple[type, ...]:
     """The decoder blocks whose call is exactly RowsStep's formula (read in mlx-lm 0.32)."""
     from mlx_lm.models import llama, qwen2, qwen3, qwen3_moe

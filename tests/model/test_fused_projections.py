@@ -9,18 +9,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from fixtures.batch_oracle import batch_generator_outputs
-from fixtures.folded_models import ARCHS, PROMPTS, arch_model, load_model, padded_decode
+from fixtures.folded_models import PROMPTS, load_model, padded_decode
 
 from mlxd.engine.batch import BatchConfig
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.model import folded_attention as fa
 from mlxd.model import fused_projections as fp
-
-
-@pytest.fixture(params=ARCHS)
-def model(request, tiny_model):
-    return arch_model(tiny_model, request.param)
 
 
 @pytest.fixture

@@ -9,18 +9,13 @@ on MLX-CUDA this file is the check that the rows step keeps the 3-D step's kerne
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from fixtures.folded_models import ARCHS, arch_model, load_model, padded_decode
+from fixtures.folded_models import load_model, padded_decode
 from mlx_lm.models.cache import BatchKVCache
 
 from mlxd.bench.probe_ops import VIEWS, primitives
 from mlxd.model import folded_attention as fa
 from mlxd.model import row_gemv as rg
 from mlxd.model import rows_step as rs
-
-
-@pytest.fixture(params=ARCHS)
-def model(request, tiny_model):
-    return arch_model(tiny_model, request.param)
 
 
 @pytest.fixture
