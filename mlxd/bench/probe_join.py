@@ -1,7 +1,8 @@
 """The engine turn in which several agents' next turns join a batch, timed part by part: each
 row brings restored caches (its cached context) and new tokens. docs/performance.md (TTFT).
 
-    python -m mlxd.bench.probe_join --shape qwen3-0.6b --rows 8 --cached 3660 --new 300
+    python -m mlxd.bench.probe_join --shape qwen3-0.6b --rows 8 --cached 3660 --new 300 \
+        [--attention folded+fused]
 
 Per repeat (new lengths, other new lengths, then the same lengths again): the merge of the
 restored caches, the right-padded prefill forward and its eval, `mx.clear_cache()`, `finalize`
@@ -21,6 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..kv.batch_quantized import mergeable
 from ..kv.batch_roll import roll_rows
+from ..model.folded_attention import for_mode
 from .models import SHAPES, build_random
 
 
@@ -114,8 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--cached", type=int, default=3660, help="restored tokens per row")
     p.add_argument("--new", type=int, default=300, help="new tokens per row")
+    p.add_argument("--attention", default="mlx", help="a --batched-attention mode's model")
     args = p.parse_args(argv)
-    model = build_random(args.shape, "bfloat16", 0).model
+    model = for_mode(build_random(args.shape, "bfloat16", 0).model, args.attention)
     for rep, jitter in enumerate([3, 7, 7]):
         parts = join_once(model, args.rows, args.cached, args.new, jitter, seed=jitter)
         line = " | ".join(

@@ -65,7 +65,13 @@ def line(x: dict[str, Any]) -> str:
         for g in x.get("gen", [])
     )
     paths = f" {x['paths']}" if x.get("paths") else ""
-    return f"{x['t']:9.3f}  {phases}  active {x['active']} waiting {x['waiting']} {gen}{paths}"
+    got = x.get("parts", {})
+    shape = f" shape {'x'.join(map(str, got['shape']))}" if "shape" in got else ""
+    split = " ".join(f"{k} {v:.3f}" for k, v in got.items() if k != "shape")
+    parts = f"\n{'':11}parts: {split}{shape}" if got else ""
+    return (
+        f"{x['t']:9.3f}  {phases}  active {x['active']} waiting {x['waiting']} {gen}{paths}" + parts
+    )
 
 
 def report(turns: list[dict[str, Any]], stall: float) -> list[str]:

@@ -16,6 +16,7 @@ from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 from ..kv.batch_quantized import mergeable
 from ..model.folded_attention import for_mode, is_shared
 from ..store.layers import clone
+from . import trace_parts as parts
 from .batch_logits import BiasedGenerationBatch
 from .batch_prompt import SharingPromptBatch, keep_buffers
 from .batch_sampling import default_on
@@ -199,9 +200,11 @@ class BatchedRows:
             row.cuts.pop(0)
             if r.end_of_prompt:
                 continue
+            tic = parts.start()
             cache, tokens = self.gen.extract_cache([r.uid])[r.uid]
             if len(tokens) == at and self.sharing is not None and row.plan.namespace:
                 self.sharing.snapshot(row.req, row.plan, at, cache, solo=False)
+            parts.stop("snapshots", tic)
 
     def _finished(self, row: BatchedRow, r: Any) -> None:
         plan = row.plan

@@ -16,6 +16,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch, _right_pad_prompts
 
+from . import trace_parts as parts
+
 
 class SharingPromptBatch(PromptProcessingBatch):
     """mlx-lm's prompt processing; a wave moving to decoding holds its rows' shared prefix once
@@ -28,7 +30,10 @@ class SharingPromptBatch(PromptProcessingBatch):
                 self.prompt([t[:-1] for t in tokens])
                 tokens = [t[-1:] for t in tokens]
             self.prompt_cache = sharing.share(self.prompt_cache, self.tokens)
-        return super().generate(tokens)
+        tic = parts.start()
+        out = super().generate(tokens)
+        parts.stop("first_step", tic, out._next_tokens)  # mlx-lm 0.32's GenerationBatch
+        return out
 
 
 class KeptBuffersPromptBatch(SharingPromptBatch):
@@ -51,22 +56,32 @@ class KeptBuffersPromptBatch(SharingPromptBatch):
                 c.prepare(lengths=lengths, right_padding=padding)
         else:
             inputs = mx.array(tokens)
+        if (tic := parts.start()) is not None:  # traced: the merge of the joiners' caches
+            parts.stop("merge", tic, [c.state for c in self.prompt_cache])
+            parts.note("shape", [len(tokens), longest, getattr(self.prompt_cache[0], "_idx", -1)])
         while inputs.shape[1] > 0:
             n = min(self.prefill_step_size, inputs.shape[1])
+            tic = parts.start()
             self.model(inputs[:, :n], cache=self.prompt_cache)
             self._eval_caches()
+            parts.stop("forward", tic)
             inputs = inputs[:, n:]
         if padded:
+            tic = parts.start()
             for c in self.prompt_cache:
                 c.finalize()
             self._eval_caches()
+            parts.stop("roll", tic)
 
     def split(self, indices: list[int]) -> "KeptBuffersPromptBatch":
         """mlx-lm's split; when every row leaves (a wave done prefilling), the rows move to the
         new batch as they are, instead of a deep copy and a gather of the whole cache."""
         indices = sorted(indices)
         if indices != list(range(len(self.uids))):
-            return super().split(indices)
+            tic = parts.start()
+            out = super().split(indices)
+            parts.stop("split", tic, [c.state for c in out.prompt_cache])
+            return out
         moved = self.__class__.__new__(self.__class__)
         moved.__dict__.update(self.__dict__)
         for c in moved.prompt_cache:

@@ -97,6 +97,10 @@ class PrefixSharing:
             at = at // self.grid * self.grid
         if at <= plan.start or any(c == at for c, _ in plan.cuts):
             return
+        if any(0 < at - c < self.share_min for c, _ in plan.cuts if c > plan.start):
+            # An earlier snapshot this close releases the waiters first (`defer`), so this one
+            # would serve nobody and only split the donor's feed off its wave's (a lone pass).
+            return
         plan.cuts = sorted([*plan.cuts, (at, "system")])
         self.announce(req, plan)
 

@@ -2,9 +2,10 @@
 
 A line has the turn's start (`t`, seconds since the engine started), the host time of each phase
 (`admit` (with any idle wait), `fork`, `serial`, `batch`, `tick`), the rows running and waiting,
-what the paths counter gained (rows admitted serial / batched, moves), and BatchGenerator's
-counters over the turn (prompt tokens and time, decode steps and time). Unset: every call is a
-no-op (`NoTrace`).
+what the paths counter gained (rows admitted serial / batched, moves), BatchGenerator's
+counters over the turn (prompt tokens and time, decode steps and time), and a join's `parts`
+(trace_parts.py: merge, forward, roll, first step, snapshots, the padded shape). Unset: every
+call is a no-op (`NoTrace`).
 
 Lines are written out once a second, when the engine goes idle and at close, not per turn: a
 write releases the GIL, where the HTTP thread can take it for its burst of frames. The H200
@@ -19,6 +20,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from typing import IO, Any
+
+from . import trace_parts
 
 Counters = tuple[int, float, int, float]
 
@@ -57,6 +60,7 @@ class Trace(NoTrace):
         self._paths: Counter[str] = Counter()
         self._rec: dict[str, Any] = {}
         self._before: list[tuple[Any, Any, Counters]] = []
+        trace_parts.enable()  # a join's parts, synced, in its turn's line (trace_parts.py)
 
     @staticmethod
     def from_env() -> NoTrace:
@@ -95,6 +99,8 @@ class Trace(NoTrace):
         self._rec.update(active=len(active()), waiting=waiting)
         if moved:
             self._rec["paths"] = dict(moved)
+        if parts := trace_parts.take():
+            self._rec["parts"] = parts
         with self._io:
             self._out.write(json.dumps(self._rec) + "\n")
         if self._last - self._flushed > self.FLUSH_S:
@@ -107,6 +113,7 @@ class Trace(NoTrace):
         self._flushed = time.perf_counter()
 
     def close(self) -> None:
+        trace_parts.disable()
         with self._io:
             self._out.close()
 

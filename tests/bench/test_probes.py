@@ -28,8 +28,11 @@ def test_probe_attention_prints_each_variant_and_whole_steps(capsys) -> None:
     assert re.search(r"B= 2 L=   64 whole step +[\d.]+ ms", lines[1])
 
 
-def test_probe_join_times_every_part_three_times(capsys) -> None:
-    probe_join.main(["--shape", "qwen3-host", "--rows", "3", "--cached", "40", "--new", "8"])
+@pytest.mark.parametrize("attention", ["mlx", "folded+fused"])
+def test_probe_join_times_every_part_three_times(capsys, attention: str) -> None:
+    """Plain, and with a --batched-attention mode's model (its prefill, first step)."""
+    args = ["--shape", "qwen3-host", "--rows", "3", "--cached", "40", "--new", "8"]
+    probe_join.main([*args, "--attention", attention])
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == ["repeat 0", "repeat 1", "repeat 2"]
     for line in lines:

@@ -109,3 +109,42 @@ def test_a_shared_prefix_batch_says_so_and_the_report_counts_it(
         line.startswith("batch turns over a shared prefix")
         for line in report(load(str(path)), 0.05)
     )
+
+
+def test_a_join_has_its_parts_and_a_decode_turn_none(
+    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows joining together (the buffer-keeping prefill CUDA runs): their turn's line says
+    what the merge, the padded forward and the roll took and the padded shape; the turn moving
+    them to decoding, its first step; a plain decode turn has no parts. Same tokens as untraced."""
+    from mlxd.bench.trace_report import load, report
+    from mlxd.engine import trace_parts
+    from mlxd.engine.batch import BatchConfig
+
+    def run() -> list[list[int]]:
+        engine = Engine(model, batch_config=BatchConfig(4, 4, 2048, clear_cache=False))
+        prompts = [list(range(3, 3 + n)) for n in (9, 14, 20)]
+        handles = engine.submit_many(
+            [GenerationRequest(prompt=mx.array(p), max_tokens=5) for p in prompts]
+        )
+        out = [[e.token for e in h if hasattr(e, "token")] for h in handles]
+        engine.close()
+        return out
+
+    monkeypatch.delenv("MLXD_TRACE", raising=False)
+    plain = run()
+    assert [len(t) for t in plain] == [5, 5, 5]
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MLXD_TRACE", str(path))
+    assert run() == plain
+    assert trace_parts.start() is None  # the closed trace switched the timing off
+    lines = load(str(path))
+    parts = [x["parts"] for x in lines if "parts" in x]
+    wave = next(p for p in parts if "forward" in p)
+    assert {"merge", "forward", "roll"} <= set(wave) and wave["shape"][:2] == [3, 19]
+    assert any("first_step" in p for p in parts)
+    decodes = [x for x in lines if any(g["decode_steps"] for g in x.get("gen", []))]
+    assert any("parts" not in x for x in decodes)
+    plain_steps = [x for x in decodes if not x["gen"][0]["prompt_tokens"]]
+    assert plain_steps and all("forward" not in x.get("parts", {}) for x in plain_steps)
+    assert any("parts: merge" in line and "shape 3x19x" in line for line in report(lines, 0.0))

@@ -272,3 +272,41 @@ def test_a_failing_store_costs_hits_not_rows(engine, monkeypatch) -> None:
         assert [h.done.reason for h in handles] == ["length"] * 3
     finally:
         plain.close()
+
+
+class ShapesModel(CountingModel):
+    """The model, keeping each forward pass's (rows, tokens)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.__dict__["shapes"] = []
+
+    def __call__(self, inputs: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        self.shapes.append(tuple(inputs.shape[:2]))
+        return super().__call__(inputs, *args, **kwargs)
+
+
+def test_the_donor_of_a_system_prompt_joins_its_wave_in_step(tiny_lm) -> None:
+    """A fleet's turn 1: agents sharing a system prompt (a segment cut where it ends) and a few
+    template tokens after it. The first prefills the system prompt alone and the others join
+    it on its snapshot. Its feed is not cut again a few tokens later (a snapshot nobody waits
+    for: the waiters are released by the system one), so every pass after the wave formed runs
+    all the rows together and they finish on the same step (no lone prefill, no lone last row)."""
+    model = ShapesModel(tiny_lm("qwen3"))
+    e = Engine(model, batch=4, prefix_store=PrefixStore(max_entries=50), namespace="tiny")
+    try:
+        system, template = words(8, 300), [30001, 30002, 30003, 30004]
+        prompts = [system + template + words(10 + i, 8) for i in range(4)]
+        reqs = [
+            GenerationRequest(prompt=mx.array(p), max_tokens=3, snapshot_at=((300, "system"),))
+            for p in prompts
+        ]
+        handles = e.submit_many(reqs)
+        for h in handles:
+            list(h)
+        wave = next(i for i, s in enumerate(model.shapes) if s[0] > 1)
+        assert all(rows == 4 for rows, _ in model.shapes[wave:]), model.shapes
+        assert e.paths["waited for a shared prefix"] == 3 and "batched->serial" not in e.paths
+        assert sorted(h.done.cached_tokens for h in handles) == [0, 300, 300, 300]
+    finally:
+        e.close()
