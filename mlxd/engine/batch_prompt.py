@@ -32,7 +32,8 @@ class SharingPromptBatch(PromptProcessingBatch):
             self.prompt_cache = sharing.share(self.prompt_cache, self.tokens)
         tic = parts.start()
         out = super().generate(tokens)
-        parts.stop("first_step", tic, out._next_tokens)  # mlx-lm 0.32's GenerationBatch
+        if tic is not None:  # traced: mlx-lm 0.32's GenerationBatch holds the first tokens
+            parts.stop("first_step", tic, getattr(out, "_next_tokens", None))
         return out
 
 
@@ -80,7 +81,8 @@ class KeptBuffersPromptBatch(SharingPromptBatch):
         if indices != list(range(len(self.uids))):
             tic = parts.start()
             out = super().split(indices)
-            parts.stop("split", tic, [c.state for c in out.prompt_cache])
+            if tic is not None:  # traced: mlx-lm's deep copy and gathers of the whole cache
+                parts.stop("split", tic, [c.state for c in out.prompt_cache])
             return out
         moved = self.__class__.__new__(self.__class__)
         moved.__dict__.update(self.__dict__)
