@@ -24,7 +24,7 @@ from .gil import StepPhases
 from .handle import RequestHandle
 from .output import RowOutput
 from .prefix import Plan, PrefixSharing
-from .prompt_waves import wave_rows
+from .prompt_waves import wave_size
 from .request import DoneEvent, GenerationRequest, TokenEvent
 from .rng import current_key, repair_key
 from .sampling import Key, KeyedSampler
@@ -235,9 +235,8 @@ class BatchedRows:
 
     def step(self) -> list[tuple[RequestHandle, TokenEvent | DoneEvent]]:
         """One BatchGenerator turn: a decode step for running rows, a prefill chunk for joiners."""
-        floor, budget = self.wave
-        if budget is not None and self.gen._unprocessed_sequences:
-            self.gen.prefill_batch_size = wave_rows(self.gen, floor, budget)
+        if self.gen._unprocessed_sequences:
+            self.gen.prefill_batch_size = wave_size(self.gen, *self.wave)
         prompt_responses, responses = self.gen.next()
         if self.sharing is not None:
             self._snapshots(prompt_responses)

@@ -77,3 +77,49 @@ def test_a_budgeted_wave_equals_batch_generator_at_its_composition(
         assert [w for w in waves if w] == [rows] * (6 // rows)
     finally:
         engine.close()
+
+
+def _drive(
+    model, first: list[list[int]], later: list[list[int]], hold: bool, at: int = 1
+) -> list[list[int]]:
+    """BatchGenerator with mlxd's kept-buffers prompt batch: `first` inserted, `later` at step
+    `at`; stepped to the end with `wave_size` (hold) or mlx-lm's fixed count. Tokens per row."""
+    from mlx_lm.generate import BatchGenerator
+
+    from mlxd.engine.batch_prompt import keep_buffers
+    from mlxd.engine.prompt_waves import wave_size
+
+    gen = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
+    keep_buffers(gen)
+    uids = gen.insert(first, max_tokens=[4] * len(first))
+    out: dict[int, list[int]] = {}
+    for step in range(40):
+        if step == at:
+            uids += gen.insert(later, max_tokens=[4] * len(later))
+        if hold and gen._unprocessed_sequences:
+            gen.prefill_batch_size = wave_size(gen, 8, None)
+        for r in gen.next()[1]:
+            out.setdefault(r.uid, []).append(r.token)
+    gen.close()
+    return [out[u] for u in uids]
+
+
+def test_a_wave_moves_whole_before_later_rows_join(tiny_model, monkeypatch) -> None:
+    """Rows arriving while a wave has only its last tokens left wait one step, so the wave moves
+    to decoding as it is; joined first, mlx-lm splits it (a deep copy and a gather of every
+    row). The tokens are BatchGenerator's with the later rows inserted a step later."""
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model("qwen3")))
+    splits: list[int] = []
+    split = PromptProcessingBatch.split
+    monkeypatch.setattr(
+        PromptProcessingBatch, "split", lambda b, i: (splits.append(len(i)), split(b, i))[1]
+    )
+    first = [tok.encode(t) for t in ("the first wave of rows", "a second row of it here")]
+    later = [tok.encode(t) for t in ("later rows", "arrive a step after")]
+    held = _drive(model, first, later, hold=True)
+    assert splits == [] and all(len(t) == 4 for t in held)
+    _drive(model, first, later, hold=False)
+    assert splits == [2]  # without the hold, the wave's move is mlx-lm's partial split
+    assert held == _drive(model, first, later, hold=False, at=2)  # the oracle: inserted later
