@@ -60,11 +60,15 @@ class Workload:
     banned: list[int]
     temperature: float = 0.0  # > 0: each agent samples (its own sampler on either server)
     top_p: float = 1.0
+    lengths: list[list[int]] | None = None  # per agent and turn: its reply's tokens (--min-tokens)
 
-    def body(self, messages: list[dict[str, str]]) -> dict[str, Any]:
+    def tokens(self, agent: int, turn: int) -> int:
+        return self.lengths[agent][turn] if self.lengths else self.max_tokens
+
+    def body(self, messages: list[dict[str, str]], max_tokens: int | None = None) -> dict[str, Any]:
         body = {
             "messages": messages,
-            "max_tokens": self.max_tokens,
+            "max_tokens": max_tokens or self.max_tokens,
             "temperature": self.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -83,9 +87,11 @@ def build_workload(
     banned: list[int],
     temperature: float = 0.0,
     top_p: float = 1.0,
+    min_tokens: int | None = None,
 ) -> Workload:
     """`seed` names the run (e.g. "0:n8:r0"): distinct per N and round, so that no prompt cache
-    carries a system prompt from one run into the next."""
+    carries a system prompt from one run into the next. With `min_tokens` below `max_tokens`
+    each reply's length is drawn from [min_tokens, max_tokens], so rows end at different steps."""
     rng = random.Random(seed)
     system = text_of_tokens(tokenizer, rng, system_tokens)
     tasks = [f"You are agent {i}. Your task: {' '.join(words(rng, 24))}" for i in range(agents)]
@@ -93,7 +99,12 @@ def build_workload(
         [f"Turn {t + 2}: go on with {' '.join(words(rng, 12))}" for t in range(turns - 1)]
         for _ in range(agents)
     ]
-    return Workload(agents, turns, max_tokens, system, tasks, followups, banned, temperature, top_p)
+    lengths = None
+    if min_tokens is not None and min_tokens < max_tokens:  # drawn last: the prompts stay put
+        lengths = [[rng.randint(min_tokens, max_tokens) for _ in range(turns)] for _ in tasks]
+    return Workload(
+        agents, turns, max_tokens, system, tasks, followups, banned, temperature, top_p, lengths
+    )
 
 
 # Connection attempts per request: mlx_lm.server's listen backlog is socketserver's 5, so
@@ -159,9 +170,11 @@ async def agent(client: httpx.AsyncClient, wl: Workload, i: int, t0: float) -> l
         if turn:
             messages.append({"role": "user", "content": wl.followups[i][turn - 1]})
         sent = time.perf_counter() - t0
-        rec = await stream_chat(client, wl.body(messages))
+        want = wl.tokens(i, turn)
+        rec = await stream_chat(client, wl.body(messages, want))
         text = rec.pop("text")
-        out.append({"agent": i, "turn": turn, "sent_s": sent, **rec, "reply_chars": len(text)})
+        out.append({"agent": i, "turn": turn, "sent_s": sent, "requested_tokens": want, **rec})
+        out[-1]["reply_chars"] = len(text)
         if rec["error"]:
             break
         messages.append({"role": "assistant", "content": text})
@@ -194,7 +207,9 @@ def aggregate(records: list[dict[str, Any]], wall_s: float, max_tokens: int) -> 
     return {
         "requests": len(records),
         "errors": len(records) - len(ok),
-        "short_replies": sum(r["completion_tokens"] < max_tokens for r in ok),
+        "short_replies": sum(
+            r["completion_tokens"] < r.get("requested_tokens", max_tokens) for r in ok
+        ),
         "output_tokens": out_tokens,
         "prompt_tokens": sum(r["prompt_tokens"] for r in ok),
         "cached_tokens": sum(cached) if cached else None,

@@ -1,6 +1,6 @@
 """A batch's rows leaving (mlx-lm's `filter`: `keys[keep]`, a gather) against the same rows taken
-as slices of keep's runs (`take_rows`, a candidate: not in the caches until it wins on the
-device), on every layer of a batch cache at a fleet's size. docs/performance.md.
+as slices of keep's runs (`kv/take_rows.py`, the batch caches' filter on CUDA since session 30),
+on every layer of a batch cache at a fleet's size. docs/performance.md.
 
     python -m mlxd.bench.probe_filter --shape qwen3-0.6b --rows 32 --tokens 3700
 
@@ -15,22 +15,8 @@ import time
 
 import mlx.core as mx
 
+from ..kv.take_rows import take_rows
 from .models import attention_dims
-
-
-def take_rows(x: mx.array, keep: list[int]) -> mx.array:
-    """`x[keep]` along axis 0 by slices of keep's ascending runs (plain copies of the same
-    values, a view for one run); a scattered selection (over 8 runs) still gathers."""
-    runs: list[list[int]] = []
-    for i in keep:
-        if runs and i == runs[-1][1]:
-            runs[-1][1] += 1
-        else:
-            runs.append([i, i + 1])
-    if not runs or len(runs) > 8:
-        return x[mx.array(keep, dtype=mx.int32)]
-    parts = [x[a:b] for a, b in runs]
-    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
 
 
 def _time(fn, arrays: list[mx.array]) -> tuple[float, list[mx.array]]:
@@ -67,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, keep in picks.items():
             idx = mx.array(keep, dtype=mx.int32)
             gather_ms, want = _time(lambda x, i=idx: x[i], arrays)
-            slices_ms, got = _time(lambda x, k=keep: take_rows(x, k), arrays)
+            slices_ms, got = _time(lambda x, k=keep: take_rows(x, k, by_slices=True), arrays)
             same = all(mx.array_equal(g, w).item() for g, w in zip(got, want, strict=True))
             print(f"repeat {rep} {name}: gather {gather_ms:.1f} ms | slices {slices_ms:.1f} ms"
                   f" | equal {same}", flush=True)  # fmt: skip

@@ -48,6 +48,7 @@ def bench_command(args: Any, model: Path) -> str:
     """The command line that reproduces this run (outputs left out)."""
     parts = ["mlxd bench serve", f"--model {model}", f"--agents {','.join(map(str, args.agents))}"]
     parts += [f"--turns {args.turns}", f"--max-tokens {args.max_tokens}"]
+    parts += [f"--min-tokens {args.min_tokens}"] if getattr(args, "min_tokens", None) else []
     parts += [f"--system-tokens {args.system_tokens}", f"--rounds {args.rounds}"]
     parts += [f"--batch {args.batch}"] if args.batch_given else []
     parts += [f"--seed {args.seed}"] if args.seed else []
@@ -121,7 +122,15 @@ def run_serve(args: Any) -> int:
     shape = (args.turns, args.max_tokens, args.system_tokens)
     sampling = (getattr(args, "temperature", 0.0), getattr(args, "top_p", 1.0))
     wls = {
-        (n, r): build_workload(tok, n, *shape, f"{args.seed}:n{n}:r{r}", banned, *sampling)
+        (n, r): build_workload(
+            tok,
+            n,
+            *shape,
+            f"{args.seed}:n{n}:r{r}",
+            banned,
+            *sampling,
+            min_tokens=getattr(args, "min_tokens", None),
+        )
         for n in args.agents
         for r in range(args.rounds)
     }

@@ -114,6 +114,13 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
     w.add_argument("--turns", type=int, default=4, help="turns per agent (default 4)")
     w.add_argument("--max-tokens", type=int, default=256, help="tokens per turn (default 256)")
     w.add_argument(
+        "--min-tokens",
+        type=int,
+        default=None,
+        help="draw each reply's length from [MIN, --max-tokens] (seeded; the same on both "
+        "servers), so rows end at different steps as real agents' do (default: all --max-tokens)",
+    )
+    w.add_argument(
         "--system-tokens", type=int, default=3600, help="shared system prompt length (3600)"
     )
     w.add_argument("--rounds", type=int, default=1, help="runs per N, each with its own prompts")
@@ -166,6 +173,8 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
 def _run_serve(args: argparse.Namespace) -> None:
     if args.turns < 1 or args.max_tokens < 1 or args.system_tokens < 1 or args.rounds < 1:
         sys.exit("mlxd bench serve: --turns, --max-tokens, --system-tokens, --rounds must be >= 1")
+    if args.min_tokens is not None and not 1 <= args.min_tokens <= args.max_tokens:
+        sys.exit("mlxd bench serve: --min-tokens must be between 1 and --max-tokens")
     args.batch_given = args.batch is not None
     if args.batch is None:
         args.batch = max(args.agents)  # equal caps up to mlx_lm.server's 32

@@ -19,6 +19,7 @@ from mlx_lm.models.cache import (
 )
 
 from .batch_roll import roll_rows, rolling
+from .take_rows import rows_of, take_rows
 
 Quant = tuple[mx.array, mx.array, mx.array]  # packed uint32, scales, biases: [B, H, S, *]
 
@@ -110,8 +111,9 @@ class BatchQuantizedKVCache(_BaseCache):
     # rows joining and leaving
     def filter(self, batch_indices: Any) -> None:
         if self.keys is not None and self.values is not None:
-            self.keys = _map(lambda x: x[batch_indices], self.keys)
-            self.values = _map(lambda x: x[batch_indices], self.values)
+            keep = rows_of(batch_indices)
+            self.keys = _map(lambda x: take_rows(x, keep), self.keys)
+            self.values = _map(lambda x: take_rows(x, keep), self.values)
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
         shift = min(self.left_padding.tolist()) if self.left_padding.size else 0

@@ -4,12 +4,15 @@ After a right-padded prefill, `finalize` rolls every row so its padding moves to
 mlx-lm rolls with `take_along_axis` over the whole cache; on MLX-CUDA that gather moved ~30 GB/s
 on an H200 (128 ms of a 0.6B model's 8-row join, docs/performance.md). Each row's shift is
 known on the host, so here a row is rolled as two slices: plain copies, the same values.
+Rows leaving the batch (`filter`) are taken by slices on CUDA too (`kv/take_rows.py`).
 """
 
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from .take_rows import rows_of, take_rows
 
 
 def roll_rows(x: mx.array, shifts: list[int]) -> mx.array:
@@ -35,12 +38,18 @@ class RollingBatchKVCache(BatchKVCache):
         return out
 
     def filter(self, batch_indices: Any) -> None:
-        """mlx-lm's filter; keeping every row in order gathers nothing. mlx-lm copies the whole
-        cache then (`keys[indices]`), e.g. when a prefill wave moves to decoding."""
-        keep = batch_indices.tolist() if isinstance(batch_indices, mx.array) else batch_indices
-        if self.keys is None or list(keep) != list(range(self.keys.shape[0])):
+        """mlx-lm's filter with the kept rows taken by `take_rows` (slices on CUDA); keeping
+        every row in order takes nothing (mlx-lm copies the whole cache then)."""
+        keep = rows_of(batch_indices)
+        if self.keys is not None and keep != list(range(self.keys.shape[0])):
+            self.keys = take_rows(self.keys, keep)
+            self.values = take_rows(self.values, keep)
+            idx = mx.array(keep, dtype=mx.int32)
+            self.offset = self.offset[idx]
+            self.left_padding = self.left_padding[idx]
+        elif self.keys is None:
             return super().filter(batch_indices)
-        shift = min(self.left_padding.tolist())  # mlx-lm's trim of the common left padding
+        shift = min(self.left_padding.tolist(), default=0)  # mlx-lm trims the shared left pad
         if shift > 0:
             self.keys = self.keys[..., shift:, :]
             self.values = self.values[..., shift:, :]

@@ -22,6 +22,7 @@ from .rotating_quantized import (
     qmap,
     qzeros,
 )
+from .take_rows import rows_of, take_rows
 
 
 class BatchRotatingQuantizedKVCache(QuantRing, BatchRotatingKVCache):
@@ -123,7 +124,8 @@ class BatchRotatingQuantizedKVCache(QuantRing, BatchRotatingKVCache):
     # rows joining and leaving
     def filter(self, batch_indices: Any) -> None:
         if self.keys is not None:
-            pick = lambda x: x[batch_indices]  # noqa: E731
+            keep = rows_of(batch_indices)
+            pick = lambda x: take_rows(x, keep)  # noqa: E731
             self.keys, self.values = qmap(pick, self.keys), qmap(pick, self.values)
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]

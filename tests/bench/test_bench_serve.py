@@ -146,6 +146,8 @@ def test_aggregate_on_hand_made_numbers() -> None:
     ]
     fig = aggregate(recs, wall_s=2.0, max_tokens=3)
     assert fig["requests"] == 4 and fig["errors"] == 1 and fig["short_replies"] == 1
+    recs[1]["requested_tokens"] = 2  # a drawn length (--min-tokens): met, not short
+    assert aggregate(recs, wall_s=2.0, max_tokens=3)["short_replies"] == 0
     assert fig["output_tokens"] == 8 and fig["output_tok_s"] == 4.0
     assert fig["prompt_tokens"] == 300 and fig["cached_tokens"] == 30 and fig["chunks"] == 8
     # Nearest rank: p50 of (0.1, 0.2, 0.3) is 0.2, p99 the slowest.
@@ -241,6 +243,33 @@ def test_prompt_words_are_deterministic_and_just_long_enough() -> None:
     hot = build_workload(tok, 3, 2, 8, 100, "0:n3:r0", [7], 0.7, 0.95)
     assert hot.system == a.system  # the same prompts, sampled
     assert hot.body([])["temperature"] == 0.7 and hot.body([])["top_p"] == 0.95
+    assert a.lengths is None and a.tokens(2, 1) == 8
+    mixed = build_workload(tok, 3, 2, 8, 100, "0:n3:r0", [7], min_tokens=2)
+    assert (mixed.system, mixed.tasks, mixed.followups) == (a.system, a.tasks, a.followups)
+    assert mixed == build_workload(tok, 3, 2, 8, 100, "0:n3:r0", [7], min_tokens=2)
+    drawn = [mixed.tokens(i, t) for i in range(3) for t in range(2)]
+    assert all(2 <= n <= 8 for n in drawn) and len(set(drawn)) > 1, drawn
+    assert mixed.body([], mixed.tokens(1, 0))["max_tokens"] == drawn[2]
+
+
+def test_bench_serve_with_mixed_reply_lengths(tmp_path: Path, tiny_model) -> None:
+    """--min-tokens: each request asks its own drawn length and gets it (rows end apart)."""
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--model", str(tiny_model("qwen3")), "--agents", "4", "--turns"]
+    argv += ["2", "--max-tokens", "12", "--min-tokens", "3", "--system-tokens", "100"]
+    main([*argv, "--only", "mlxd", "--json", str(out), "--log-dir", str(tmp_path / "logs")])
+    result = json.loads(out.read_text())
+    assert "--min-tokens 3" in result["command"]
+    (run,) = result["sides"]["mlxd"]["runs"]["4"]
+    reqs = run["requests"]
+    assert [r["completion_tokens"] for r in reqs] == [r["requested_tokens"] for r in reqs]
+    assert len({r["requested_tokens"] for r in reqs}) > 1 and run["figures"]["short_replies"] == 0
+
+
+def test_bench_serve_refuses_min_tokens_above_max() -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "serve", "--max-tokens", "8", "--min-tokens", "9"])
+    assert "--min-tokens" in str(e.value.code)
 
 
 @pytest.mark.parametrize("agents", ["0,2", "a", ""])

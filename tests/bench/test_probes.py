@@ -29,19 +29,6 @@ def test_probe_attention_prints_each_variant_and_whole_steps(capsys) -> None:
     assert re.search(r"B= 2 L=   64 whole step +[\d.]+ ms", lines[1])
 
 
-@pytest.mark.parametrize(
-    "keep", [[0], [3], [1, 2, 3], [0, 1, 3, 4], [4, 2], [0, 2, 4], [], list(range(12))[::-1]]
-)
-def test_probe_filters_slices_equal_mlxs_gather(keep: list[int]) -> None:
-    """The candidate's runs as slices: the values and shape of `x[keep]` for single rows,
-    runs, scattered and reversed picks."""
-    import mlx.core as mx
-
-    x = mx.random.normal((max(5, len(keep)), 2, 6, 8), key=mx.random.key(4)).astype(mx.bfloat16)
-    got, want = probe_filter.take_rows(x, keep), x[mx.array(keep, dtype=mx.int32)]
-    assert got.shape == want.shape and mx.array_equal(got, want).item()
-
-
 def test_probe_filter_times_both_ways_and_they_agree(capsys) -> None:
     probe_filter.main(["--shape", "qwen3-host", "--rows", "6", "--tokens", "32", "--repeats", "1"])
     lines = capsys.readouterr().out.splitlines()

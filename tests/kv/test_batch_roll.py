@@ -52,13 +52,19 @@ def test_right_padded_prefill_and_finalize_leave_mlx_lm_s_arrays(cached: list[in
     assert got._idx == want._idx and got._right_padding is None
 
 
+@pytest.mark.parametrize("way", ["gather", "slices"])  # kv/take_rows.py: slices on CUDA
 @pytest.mark.parametrize(
     "cached,keep",
-    [([5, 0, 9], [0, 1, 2]), ([4, 4, 6], [0, 1, 2]), ([5, 0, 9], [0, 2]), ([5, 0, 9], [1])],
-)
-def test_filter_leaves_mlx_lm_s_arrays(cached: list[int], keep: list[int]) -> None:
+    [([5, 0, 9], [0, 1, 2]), ([4, 4, 6], [0, 1, 2]), ([5, 0, 9], [0, 2]), ([5, 0, 9], [1]),
+     ([5, 0, 9], [1, 2]), ([5, 0, 9], [2, 0])],
+)  # fmt: skip
+def test_filter_leaves_mlx_lm_s_arrays(
+    cached: list[int], keep: list[int], way: str, monkeypatch
+) -> None:
     """Any selection, every row in order included (the common left padding trimmed), then a
-    decode step: the arrays mlx-lm's BatchKVCache.filter leaves."""
+    decode step: the arrays mlx-lm's BatchKVCache.filter leaves, with the kept rows taken by
+    a gather or by slices."""
+    monkeypatch.setenv("MLXD_TAKE_ROWS", way)
     want, got = (cls.merge([_row(n, 10 * i, cls) for i, n in enumerate(cached)])
                  for cls in (KVCache, RowKVCache))  # fmt: skip
     for b in (want, got):
