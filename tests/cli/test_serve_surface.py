@@ -101,21 +101,28 @@ def test_draft_model_is_refused_at_start_up(tmp_path: Path) -> None:
         make_state(args)
 
 
-@pytest.mark.parametrize("flag,env", [([], None), (["--cuda-graphs", "off"], "0")])
-def test_cuda_graphs_off_reaches_mlx_before_the_server_starts(monkeypatch, flag, env) -> None:
-    """MLX reads MLX_USE_CUDA_GRAPHS once, at its first GPU command: the flag sets it before
-    `serve` (which loads the model) runs; without the flag the environment is left alone."""
+@pytest.mark.parametrize(
+    "flag,var,env",
+    [
+        ([], "MLX_USE_CUDA_GRAPHS", None),
+        (["--cuda-graphs", "off"], "MLX_USE_CUDA_GRAPHS", "0"),
+        ([], "MLX_CUDA_USE_CUDNN_SDPA", None),
+        (["--cudnn-attention", "off"], "MLX_CUDA_USE_CUDNN_SDPA", "0"),
+    ],
+)
+def test_mlx_cuda_switches_reach_mlx_before_the_server_starts(monkeypatch, flag, var, env) -> None:
+    """MLX reads MLX_USE_CUDA_GRAPHS (and MLX_CUDA_USE_CUDNN_SDPA) once, at its first GPU
+    command (attention call): the flag sets it before `serve` (which loads the model) runs;
+    without the flag the environment is left alone."""
     import os
 
     import mlxd.serve.main as serve_main
     from mlxd.cli import serve as serve_cli
 
-    monkeypatch.setenv("MLX_USE_CUDA_GRAPHS", "")  # so the test's end restores the original
-    monkeypatch.delenv("MLX_USE_CUDA_GRAPHS")
+    monkeypatch.setenv(var, "")  # so the test's end restores the original
+    monkeypatch.delenv(var)
     seen: list[str | None] = []
-    monkeypatch.setattr(
-        serve_main, "serve", lambda a: seen.append(os.environ.get("MLX_USE_CUDA_GRAPHS"))
-    )
+    monkeypatch.setattr(serve_main, "serve", lambda a: seen.append(os.environ.get(var)))
     serve_cli.run(build_parser().parse_args(["serve", *flag]))
     assert seen == [env]
 
