@@ -1,6 +1,6 @@
 """Read an engine trace (MLXD_TRACE, engine/trace.py): the turns where rows joined or the loop
-stalled, and the decode step's median per batch size (mlx-lm's step, and the loop's whole turn
-around it), as the H200 runs were read (session 13).
+stalled, the decode step's median per batch size (mlx-lm's step, and the loop's whole turn
+around it), as the H200 runs were read (session 13), and what rows leaving cost (session 30).
 
     python -m mlxd.bench.trace_report trace.jsonl [--stall 0.05]
 """
@@ -56,6 +56,22 @@ def cycles(turns: list[dict[str, Any]]) -> dict[int, list[float]]:
     return by
 
 
+LEAVE = ("leave_step", "filter", "finish")
+
+
+def leaves(turns: Iterable[dict[str, Any]]) -> str | None:
+    """Turns where rows left the batch (traced parts): each part's median and sum, in ms."""
+    got = [x["parts"] for x in turns if "filter" in x.get("parts", {})]
+    if not got:
+        return None
+    cells = []
+    for k in LEAVE:
+        s = [p[k] for p in got if k in p]
+        if s:
+            cells.append(f"{k} {1e3 * statistics.median(s):.1f} ms (sum {1e3 * sum(s):.0f})")
+    return f"rows leaving, {len(got)} turns, median: " + ", ".join(cells)
+
+
 def line(x: dict[str, Any]) -> str:
     phases = " ".join(f"{p} {x[p]:.3f}" for p in PHASES if p in x)
     gen = " ".join(
@@ -82,6 +98,8 @@ def report(turns: list[dict[str, Any]], stall: float) -> list[str]:
     for rows, s in sorted(decode_steps(turns).items()):
         cycle = f" | {1e3 * statistics.median(loop[rows]):7.2f}" if rows in loop else ""
         lines.append(f"  {rows:3d} rows: {1e3 * statistics.median(s):7.2f} ms ({len(s)}){cycle}")
+    if summary := leaves(turns):
+        lines.append(summary)
     shared = sum(1 for x in turns for g in x.get("gen", []) if g.get("shared"))
     if shared:
         lines.append(f"batch turns over a shared prefix held once: {shared}")

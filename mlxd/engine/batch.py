@@ -206,11 +206,21 @@ class BatchedRows:
                 self.sharing.snapshot(row.req, row.plan, at, cache, solo=False)
             parts.stop("snapshots", tic)
 
+    def _leave_parts(self, tic: float) -> None:
+        """Traced: mlx-lm's next() filtered finished rows out after queueing the next step, so
+        sync the step (`leave_step`), then the kept rows' caches (`filter`)."""
+        batch = self.gen._generation_batch  # mlx-lm 0.32's GenerationBatch
+        parts.stop("leave_step", tic, getattr(batch, "_next_tokens", None))
+        tic = parts.start()
+        parts.stop("filter", tic, [c.state for c in batch.prompt_cache])
+
     def _finished(self, row: BatchedRow, r: Any) -> None:
         plan = row.plan
         if self.sharing is not None and plan is not None and plan.namespace and r.prompt_cache:
+            tic = parts.start()
             cache = clone(r.prompt_cache) if row.req.return_prompt_cache else r.prompt_cache
             self.sharing.finish(row.req, plan, list(r.all_tokens), cache, False)
+            parts.stop("finish", tic, [c.state for c in cache])  # its copy into the store
 
     def remove(self, row: BatchedRow) -> None:
         if self.sharing is not None:
@@ -238,6 +248,8 @@ class BatchedRows:
         if self.gen._unprocessed_sequences:
             self.gen.prefill_batch_size = wave_size(self.gen, *self.wave)
         prompt_responses, responses = self.gen.next()
+        if any(r.finish_reason for r in responses) and (tic := parts.start()) is not None:
+            self._leave_parts(tic)
         if self.sharing is not None:
             self._snapshots(prompt_responses)
         events: list[tuple[RequestHandle, TokenEvent | DoneEvent]] = []

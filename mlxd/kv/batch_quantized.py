@@ -110,17 +110,15 @@ class BatchQuantizedKVCache(_BaseCache):
 
     # rows joining and leaving
     def filter(self, batch_indices: Any) -> None:
-        if self.keys is not None and self.values is not None:
-            keep = rows_of(batch_indices)
-            self.keys = _map(lambda x: take_rows(x, keep), self.keys)
-            self.values = _map(lambda x: take_rows(x, keep), self.values)
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
+        # every row has padding on the left: drop the shared part in the same take
         shift = min(self.left_padding.tolist()) if self.left_padding.size else 0
-        if shift > 0:  # every row has padding on the left: drop the shared part
-            if self.keys is not None and self.values is not None:
-                self.keys = _map(lambda x: x[..., shift:, :], self.keys)
-                self.values = _map(lambda x: x[..., shift:, :], self.values)
+        if self.keys is not None and self.values is not None:
+            keep = rows_of(batch_indices)
+            self.keys = _map(lambda x: take_rows(x, keep, start=shift), self.keys)
+            self.values = _map(lambda x: take_rows(x, keep, start=shift), self.values)
+        if shift > 0:
             self._idx -= shift
             self.left_padding -= shift
 

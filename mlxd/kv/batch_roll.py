@@ -41,18 +41,21 @@ class RollingBatchKVCache(BatchKVCache):
         """mlx-lm's filter with the kept rows taken by `take_rows` (slices on CUDA); keeping
         every row in order takes nothing (mlx-lm copies the whole cache then)."""
         keep = rows_of(batch_indices)
-        if self.keys is not None and keep != list(range(self.keys.shape[0])):
-            self.keys = take_rows(self.keys, keep)
-            self.values = take_rows(self.values, keep)
+        if self.keys is None:
+            return super().filter(batch_indices)
+        every = keep == list(range(self.keys.shape[0]))
+        if not every:
             idx = mx.array(keep, dtype=mx.int32)
             self.offset = self.offset[idx]
             self.left_padding = self.left_padding[idx]
-        elif self.keys is None:
-            return super().filter(batch_indices)
         shift = min(self.left_padding.tolist(), default=0)  # mlx-lm trims the shared left pad
-        if shift > 0:
+        if every and shift > 0:
             self.keys = self.keys[..., shift:, :]
             self.values = self.values[..., shift:, :]
+        elif not every:  # the rows and the trim in one take
+            self.keys = take_rows(self.keys, keep, start=shift)
+            self.values = take_rows(self.values, keep, start=shift)
+        if shift > 0:
             self._idx -= shift
             self.left_padding -= shift
 

@@ -38,12 +38,16 @@ def sliced() -> bool:
     return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 
-def take_rows(x: mx.array, keep: list[int], by_slices: bool | None = None) -> mx.array:
-    """`x[keep]` along axis 0: a gather, or (on CUDA) plain copies of keep's runs, a view for
-    one run (the next cache update copies it)."""
+def take_rows(
+    x: mx.array, keep: list[int], by_slices: bool | None = None, start: int = 0
+) -> mx.array:
+    """`x[keep][..., start:, :]` (a batch cache's rows, from column `start` of axis 2): a gather
+    and a view, or (on CUDA) one copy of keep's runs, a view for one run (the next cache update
+    copies it). Trimming in that copy spares the next update a copy of the whole cache."""
     if not (sliced() if by_slices is None else by_slices):
-        return x[mx.array(keep, dtype=mx.int32)]
-    parts = [x[a:b] for a, b in runs(keep)]
+        out = x[mx.array(keep, dtype=mx.int32)]
+        return out[..., start:, :] if start else out
+    parts = [x[a:b, :, start:] for a, b in runs(keep)]
     if not parts:
-        return x[:0]
+        return x[:0, :, start:]
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)

@@ -5,6 +5,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -111,34 +112,44 @@ def test_a_shared_prefix_batch_says_so_and_the_report_counts_it(
     )
 
 
+def _untraced_then_traced(
+    make: Callable[[], Engine], rows: tuple[tuple[int, int], ...], tmp_path: Path, monkeypatch
+) -> list[dict[str, Any]]:
+    """Rows of (prompt length, max_tokens) through a fresh engine, untraced then traced: the
+    same tokens both times (and every row its max_tokens); the trace's lines."""
+    from mlxd.bench.trace_report import load
+
+    def run() -> list[list[int]]:
+        engine = make()
+        reqs = [
+            GenerationRequest(prompt=mx.array(list(range(3, 3 + n))), max_tokens=m) for n, m in rows
+        ]
+        out = [[e.token for e in h if hasattr(e, "token")] for h in engine.submit_many(reqs)]
+        engine.close()
+        return out
+
+    monkeypatch.delenv("MLXD_TRACE", raising=False)
+    plain = run()
+    assert [len(t) for t in plain] == [m for _, m in rows]
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("MLXD_TRACE", str(path))
+    assert run() == plain
+    return load(str(path))
+
+
 def test_a_join_has_its_parts_and_a_decode_turn_none(
     model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rows joining together (the buffer-keeping prefill CUDA runs): their turn's line says
     what the merge, the padded forward and the roll took and the padded shape; the turn moving
     them to decoding, its first step; a plain decode turn has no parts. Same tokens as untraced."""
-    from mlxd.bench.trace_report import load, report
+    from mlxd.bench.trace_report import report
     from mlxd.engine import trace_parts
     from mlxd.engine.batch import BatchConfig
 
-    def run() -> list[list[int]]:
-        engine = Engine(model, batch_config=BatchConfig(4, 4, 2048, clear_cache=False))
-        prompts = [list(range(3, 3 + n)) for n in (9, 14, 20)]
-        handles = engine.submit_many(
-            [GenerationRequest(prompt=mx.array(p), max_tokens=5) for p in prompts]
-        )
-        out = [[e.token for e in h if hasattr(e, "token")] for h in handles]
-        engine.close()
-        return out
-
-    monkeypatch.delenv("MLXD_TRACE", raising=False)
-    plain = run()
-    assert [len(t) for t in plain] == [5, 5, 5]
-    path = tmp_path / "trace.jsonl"
-    monkeypatch.setenv("MLXD_TRACE", str(path))
-    assert run() == plain
+    engine = lambda: Engine(model, batch_config=BatchConfig(4, 4, 2048, clear_cache=False))  # noqa: E731
+    lines = _untraced_then_traced(engine, ((9, 5), (14, 5), (20, 5)), tmp_path, monkeypatch)
     assert trace_parts.start() is None  # the closed trace switched the timing off
-    lines = load(str(path))
     parts = [x["parts"] for x in lines if "parts" in x]
     wave = next(p for p in parts if "forward" in p)
     assert {"merge", "forward", "roll"} <= set(wave) and wave["shape"][:2] == [3, 19]
@@ -148,3 +159,28 @@ def test_a_join_has_its_parts_and_a_decode_turn_none(
     plain_steps = [x for x in decodes if not x["gen"][0]["prompt_tokens"]]
     assert plain_steps and all("forward" not in x.get("parts", {}) for x in plain_steps)
     assert any("parts: merge" in line and "shape 3x19x" in line for line in report(lines, 0.0))
+
+
+def test_rows_leaving_have_their_parts(
+    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of different lengths leave the batch on different steps: each such turn's line
+    times the step queued before mlx-lm's filter, the filter's copies and the finished row's
+    cache into the prefix store, and trace_report sums them. Same tokens as untraced."""
+    from mlxd.bench.trace_report import report
+    from mlxd.engine.batch import BatchConfig
+    from mlxd.store import PrefixStore
+
+    def engine() -> Engine:
+        config = BatchConfig(4, 4, 2048, clear_cache=False)
+        store = PrefixStore(max_entries=50)
+        return Engine(model, batch_config=config, prefix_store=store, namespace="tiny")
+
+    lines = _untraced_then_traced(engine, ((9, 3), (14, 8), (20, 5)), tmp_path, monkeypatch)
+    leaving = [x["parts"] for x in lines if "filter" in x.get("parts", {})]
+    assert len(leaving) >= 2, leaving  # the first row, then the third, left before the last
+    assert all({"leave_step", "filter", "finish"} <= set(p) for p in leaving[:2])
+    plain_steps = [x for x in lines if x.get("gen") and x["gen"][0]["decode_steps"]]
+    assert any("filter" not in x.get("parts", {}) for x in plain_steps)
+    summary = [s for s in report(lines, 0.0) if s.startswith("rows leaving")]
+    assert summary and "leave_step" in summary[0] and "finish" in summary[0]
