@@ -28,8 +28,10 @@ def clone(cache: list[Any], drop: int = 0) -> list[Any]:
 
 
 def evaluate(cache: list[Any]) -> None:
-    """Materialize the layers' state, so a stored entry holds buffers and no pending graph."""
-    mx.eval([v for c in cache for _, v in tree_flatten(c.state) if isinstance(v, mx.array)])
+    """Schedule the layers' state, so a stored entry holds buffers and no pending graph. Not
+    waited for: a wait here stalled the engine at every snapshot and finished row until the
+    GPU caught up (the step in flight, then each copy), and a later use waits if it must."""
+    mx.async_eval([v for c in cache for _, v in tree_flatten(c.state) if isinstance(v, mx.array)])
 
 
 def compact(cache: list[Any]) -> list[Any]:
