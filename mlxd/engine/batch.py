@@ -248,7 +248,7 @@ class BatchedRows:
         if self.gen._unprocessed_sequences:
             self.gen.prefill_batch_size = wave_size(self.gen, *self.wave)
         prompt_responses, responses = self.gen.next()
-        if any(r.finish_reason for r in responses) and (tic := parts.start()) is not None:
+        if (tic := parts.start()) is not None and any(r.finish_reason for r in responses):
             self._leave_parts(tic)
         if self.sharing is not None:
             self._snapshots(prompt_responses)

@@ -147,7 +147,9 @@ def test_a_join_has_its_parts_and_a_decode_turn_none(
     from mlxd.engine import trace_parts
     from mlxd.engine.batch import BatchConfig
 
-    engine = lambda: Engine(model, batch_config=BatchConfig(4, 4, 2048, clear_cache=False))  # noqa: E731
+    def engine() -> Engine:
+        return Engine(model, batch_config=BatchConfig(4, 4, 2048, clear_cache=False))
+
     lines = _untraced_then_traced(engine, ((9, 5), (14, 5), (20, 5)), tmp_path, monkeypatch)
     assert trace_parts.start() is None  # the closed trace switched the timing off
     parts = [x["parts"] for x in lines if "parts" in x]

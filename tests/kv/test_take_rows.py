@@ -49,7 +49,11 @@ def test_slices_equal_the_gather(keep: list[int], start: int) -> None:
 
 def test_slices_only_on_cuda_unless_the_environment_names_the_way(monkeypatch) -> None:
     monkeypatch.delenv("MLXD_TAKE_ROWS", raising=False)
-    assert take_rows_module.sliced() is (mx.default_device() == mx.gpu and mx.cuda.is_available())
+    for device, cuda, want in ((mx.gpu, True, True), (mx.gpu, False, False), (mx.cpu, True, False)):
+        monkeypatch.setattr(mx, "default_device", lambda d=device: d)  # Metal is a GPU, not CUDA
+        monkeypatch.setattr(mx.cuda, "is_available", lambda c=cuda: c)
+        assert take_rows_module.sliced() is want, (device, cuda)
+    monkeypatch.undo()
     for way, want in (("gather", False), ("slices", True)):
         monkeypatch.setenv("MLXD_TAKE_ROWS", way)
         assert take_rows_module.sliced() is want
