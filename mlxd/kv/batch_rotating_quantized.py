@@ -8,6 +8,7 @@ new tokens are quantized per position. So the batch holds, slot for slot, `mx.qu
 mlx-lm's bf16 batch would hold, and a row's bytes are its solo RotatingQuantizedKVCache's.
 """
 
+from functools import partial
 from typing import Any
 
 import mlx.core as mx
@@ -124,8 +125,7 @@ class BatchRotatingQuantizedKVCache(QuantRing, BatchRotatingKVCache):
     # rows joining and leaving
     def filter(self, batch_indices: Any) -> None:
         if self.keys is not None:
-            keep = rows_of(batch_indices)
-            pick = lambda x: take_rows(x, keep)  # noqa: E731
+            pick = partial(take_rows, keep=rows_of(batch_indices))
             self.keys, self.values = qmap(pick, self.keys), qmap(pick, self.values)
         self.offset = self.offset[batch_indices]
         self.left_padding = self.left_padding[batch_indices]
