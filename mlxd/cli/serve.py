@@ -195,8 +195,9 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         type=_window,
         default=0.25,
         help="seconds a new prefill wave may wait for requests the server has received and "
-        "not yet queued (body, chat template, tokenizing), so an agent fleet's turns that "
-        "arrive together prefill in one wave; a lone request never waits; 0: off "
+        "not yet queued (body, chat template, tokenizing), or for the next turns of replies "
+        "that just ended, so an agent fleet's turns that arrive together prefill in one "
+        "wave; a lone request never waits; 0: off "
         "(default: 0.25; same bits for a given batch, docs/performance.md)",
     )
     g.add_argument(

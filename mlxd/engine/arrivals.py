@@ -7,11 +7,18 @@ three waves (a serial row, then 11, then 20), each paying a whole join: a padded
 stall of the running rows (docs/performance.md §1, the join window). While requests are on
 their way, a new wave waits for them, at most `window` seconds after its oldest request was
 queued: one wave instead of three. A lone agent never waits (nothing else is on its way).
+
+A fleet's turns can also reach the server apart: on a fast step the first few agents are
+back while the others are still reading their last reply, so nothing is on its way for a
+moment and 3-5 rows joined ahead of the other 27-29 (H200, session 32). Replies that ended
+just before are turns likely to come back: a new wave also waits, within the same window,
+while fewer requests came in than replies ended since the window's start.
 """
 
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,9 +28,14 @@ class Ticket:
 
     def __init__(self, arrivals: "Arrivals | None") -> None:
         self._arrivals = arrivals
+        self._home = arrivals  # kept after release: the reply's end is counted there
         if arrivals is not None:
-            with arrivals.lock:
-                arrivals.pending += 1
+            arrivals.came()
+
+    def replied(self) -> None:
+        """The request's reply ended normally: its client may come back with a next turn."""
+        if self._home is not None:
+            self._home.replied()
 
     def release(self) -> None:
         a, self._arrivals = self._arrivals, None
@@ -39,12 +51,16 @@ class Arrivals:
     """One per server (every engine it serves reads it: a request's engine is known only after
     its body is read, and the wait must cover that part too)."""
 
-    def __init__(self, window: float) -> None:
+    def __init__(self, window: float, expect_returns: bool = True) -> None:
         if window < 0:
             raise ValueError("join window must be >= 0 seconds")
         self.window = window
+        self.expect_returns = expect_returns  # False: only requests on their way hold a wave
         self.lock = threading.Lock()
         self.pending = 0  # tickets not yet released
+        # perf_counter times of recent tickets and of recent replies' ends, in time order.
+        self.comings: deque[float] = deque()
+        self.ends: deque[float] = deque()
         # The engines' admission conditions (weakly: an unloaded model's engine goes).
         self.wakes: weakref.WeakSet[threading.Condition] = weakref.WeakSet()
 
@@ -60,9 +76,45 @@ class Arrivals:
         finally:
             ticket.release()
 
+    def came(self) -> None:
+        """A request reached the server (its ticket is taken)."""
+        with self.lock:
+            self.pending += 1
+            self._note(self.comings)
+
+    def replied(self) -> None:
+        """A reply ended normally (a turn that may come back)."""
+        if not self.expect_returns:
+            return
+        with self.lock:
+            self._note(self.ends)
+
+    def _note(self, times: deque[float]) -> None:
+        now = time.perf_counter()
+        times.append(now)
+        for old in (self.comings, self.ends):  # hold() never looks past two windows back
+            while old and old[0] < now - 2 * self.window:
+                old.popleft()
+
+    def maybe(self) -> bool:
+        """Lock-free: hold() could be > 0 (something on its way, or a reply ended lately)."""
+        return self.pending > 0 or bool(self.ends)
+
+    def expected(self, oldest_queued: float) -> int:
+        """Replies ended since the window before `oldest_queued` whose turns have not come."""
+        with self.lock:
+            ends = [t for t in self.ends if t >= oldest_queued - self.window]
+            if not ends:
+                return 0
+            came = sum(1 for t in self.comings if t >= ends[0])
+        return max(0, len(ends) - came)
+
     def hold(self, oldest_queued: float | None) -> float:
         """Seconds a new wave should still wait (0: admit now). `oldest_queued`: the
         perf_counter time the oldest waiting request was submitted (None: none waits)."""
-        if oldest_queued is None or self.pending <= 0:
+        if oldest_queued is None:
             return 0.0
-        return max(0.0, oldest_queued + self.window - time.perf_counter())
+        left = oldest_queued + self.window - time.perf_counter()
+        if left <= 0 or (self.pending <= 0 and self.expected(oldest_queued) <= 0):
+            return 0.0
+        return left

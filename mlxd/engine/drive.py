@@ -157,7 +157,7 @@ class Driving:
     def _hold(self) -> float:
         """Seconds the next wave still waits for requests on their way (0: admit now); on
         the engine thread (a driver's turn admits only its own request)."""
-        if not self.admission.waiting or self.arrivals.pending <= 0:
+        if not self.admission.waiting or not self.arrivals.maybe():
             return 0.0  # the per-turn fast path: no lock
         with self.admission.wake:
             oldest = self.admission.waiting[0][1].submitted if self.admission.waiting else None

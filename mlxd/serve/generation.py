@@ -155,6 +155,10 @@ class Generation:
         if last is None and done.reason in ("stop", "length"):
             yield Chunk(index, text.feed(done.text, done.reason), [], False, done.reason)
 
+    def _ended_normally(self) -> bool:
+        reasons = self.finish_reasons
+        return len(reasons) == len(self.handles) and not {"error", "cancelled"} & set(reasons)
+
     def _stamp(self) -> None:
         now = time.perf_counter()
         if self.ttft_s is None:
@@ -197,5 +201,7 @@ class Generation:
         finally:
             if any(h.done is None for h in self.handles):
                 self.cancel()  # a client that went away frees its rows
+            if self.arrival is not None and self._ended_normally():
+                self.arrival.replied()  # its client may be back: a new wave may wait for it
             if self.observer is not None:
                 self.observer.finished(self)

@@ -8,6 +8,7 @@ it (at most `max_others`, least recently used evicted); a name that cannot load 
 import collections
 import json
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,9 @@ class ModelProvider:
         self.max_others = max_others
         self._lock = threading.Lock()
         # Requests on their way to any engine here (engine/arrivals.py: the join window).
-        self.arrivals = Arrivals(getattr(args, "join_window", 0.0))
+        # MLXD_JOIN_EXPECT=0: replies that ended do not hold a wave (the A/B's other side).
+        expect = os.environ.get("MLXD_JOIN_EXPECT", "1") != "0"
+        self.arrivals = Arrivals(getattr(args, "join_window", 0.0), expect)
         self.default = self._load(args.model, args.adapter_path)
         self._others: collections.OrderedDict[tuple, Served] = collections.OrderedDict()
 

@@ -67,21 +67,26 @@ def test_hold_lasts_while_tickets_are_out_and_at_most_the_window() -> None:
         Arrivals(-1.0)
 
 
-def test_turns_on_their_way_join_one_wave_with_mlx_lms_bits(loaded, engine_of) -> None:
+def _assert_one_held_wave(loaded, engine: Engine, handles: list) -> None:
+    """TEXTS' two rows joined one wave after one hold, with mlx-lm's batch's bits."""
     model, tok = loaded
-    prompts = [tok.encode(t) for t in TEXTS]
-    ref = batch_generator_outputs(model, prompts, 8, frozenset())
+    ref = batch_generator_outputs(model, [tok.encode(t) for t in TEXTS], 8, frozenset())
+    got = [[(e.token, e.logprobs) for e in h] for h in handles]
+    paths = engine.stats()["paths"]
+    assert paths.get("serial", 0) == 0 and paths["batched"] == 2
+    assert paths["wave held for arrivals"] == 1
+    assert_same_outputs(got, ref)
+
+
+def test_turns_on_their_way_join_one_wave_with_mlx_lms_bits(loaded, engine_of) -> None:
+    tok = loaded[1]
     engine = engine_of(30.0)
     with engine.arrivals.coming() as first, engine.arrivals.coming() as second:
         h1 = engine.submit(_req(tok, TEXTS[0]), first)  # released as it queues
         time.sleep(0.3)
         assert h1.poll() is None and engine.stats()["waiting"] == 1  # held for the second
         h2 = engine.submit(_req(tok, TEXTS[1]), second)
-        got = [[(e.token, e.logprobs) for e in h] for h in (h1, h2)]
-    paths = engine.stats()["paths"]
-    assert paths.get("serial", 0) == 0 and paths["batched"] == 2
-    assert paths["wave held for arrivals"] == 1
-    assert_same_outputs(got, ref)
+    _assert_one_held_wave(loaded, engine, [h1, h2])
 
 
 def test_a_ticket_never_released_holds_a_wave_only_for_the_window(loaded, engine_of) -> None:
@@ -124,3 +129,59 @@ def test_running_rows_keep_decoding_while_a_wave_is_held(loaded, engine_of) -> N
     for h in running:
         h.cancel()
         list(h)
+
+
+def test_replies_that_ended_are_turns_expected_back() -> None:
+    a = Arrivals(0.5)
+    a.replied()
+    a.replied()  # two agents' replies ended
+    with a.coming():  # the first is back, built and queued
+        pass
+    now = time.perf_counter()
+    assert a.pending == 0 and a.expected(now) == 1
+    assert 0.4 < a.hold(now) <= 0.5  # nothing on its way, and still a turn expected
+    assert a.hold(now - 0.6) == 0.0  # at most the window
+    with a.coming():
+        assert a.expected(now) == 0  # the second is on its way (pending holds)
+    assert a.hold(now) == 0.0  # both are back
+
+
+def test_a_lone_agent_back_and_old_replies_never_hold() -> None:
+    a = Arrivals(0.2)
+    a.replied()
+    with a.coming():
+        pass
+    assert a.hold(time.perf_counter()) == 0.0  # its one reply came back
+    a.replied()
+    time.sleep(0.5)  # a reply ended long before the next request
+    with a.coming():
+        pass
+    assert a.expected(time.perf_counter()) == 0 and a.hold(time.perf_counter()) == 0.0
+    assert len(a.ends) == 0 and len(a.comings) == 1  # two windows back are forgotten
+    off = Arrivals(0.0)
+    with off.coming() as ticket:
+        ticket.replied()
+    assert not off.ends and not off.maybe()  # window 0: nothing is counted
+
+
+def test_an_ended_reply_holds_its_returning_turn_for_the_other(loaded, engine_of) -> None:
+    tok = loaded[1]
+    engine = engine_of(30.0)
+    engine.arrivals.replied()
+    engine.arrivals.replied()  # two turns are expected back
+    with engine.arrivals.coming() as first:
+        h1 = engine.submit(_req(tok, TEXTS[0]), first)
+    time.sleep(0.3)
+    assert h1.poll() is None and engine.stats()["waiting"] == 1  # held for the other turn
+    with engine.arrivals.coming() as second:
+        h2 = engine.submit(_req(tok, TEXTS[1]), second)
+    _assert_one_held_wave(loaded, engine, [h1, h2])
+
+
+def test_expecting_returns_can_be_turned_off() -> None:
+    a = Arrivals(0.5, expect_returns=False)  # MLXD_JOIN_EXPECT=0 in a server: the A/B's side
+    a.replied()
+    a.replied()
+    with a.coming():
+        pass
+    assert not a.ends and a.hold(time.perf_counter()) == 0.0

@@ -98,3 +98,37 @@ def test_turns_built_together_join_one_wave(make_server, monkeypatch, window) ->
         assert paths["wave held for arrivals"] >= 1
     else:  # without the window, the first submitted starts alone
         assert paths["serial"] >= 1 and "wave held for arrivals" not in paths
+
+
+@pytest.mark.parametrize("window", [5.0, 0.0])
+def test_turns_that_come_back_apart_join_one_wave(make_server, window) -> None:
+    """Four agents' replies end; one is back at once and three 0.4 s later, while nothing is on
+    its way: the ended replies are turns expected back, so the first waits for the others."""
+    live = make_server(join_window=window, batch=8)
+    body = {"messages": MESSAGES, "max_tokens": 4, "logit_bias": NO_EOS}
+    engine = _engine(live)
+    before: dict[str, int] = {}
+    together = threading.Barrier(4, timeout=60, action=lambda: before.update(engine.paths))
+
+    def agent(i: int) -> int:
+        first = httpx.post(live.v1 + "/chat/completions", json=body, timeout=60)
+        assert first.status_code == 200
+        together.wait()  # every turn 1 has ended before any turn 2 is sent
+        if i:
+            threading.Event().wait(0.4)
+        return httpx.post(live.v1 + "/chat/completions", json=body, timeout=60).status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(agent, range(4))) == [200] * 4
+    paths = engine.stats()["paths"]
+    turn_2 = {k: paths.get(k, 0) - before.get(k, 0) for k in paths}
+    if window:
+        assert turn_2.get("serial", 0) == 0 and turn_2["batched"] == 4
+        assert turn_2["wave held for arrivals"] == 1
+    else:  # the first one back starts alone
+        assert turn_2["serial"] >= 1 and "wave held for arrivals" not in paths
+
+
+def test_mlxd_join_expect_0_turns_the_expected_turns_off(make_server, monkeypatch) -> None:
+    monkeypatch.setenv("MLXD_JOIN_EXPECT", "0")  # the A/B's other side (bench/h200)
+    assert make_server(join_window=5.0).state.provider.arrivals.expect_returns is False

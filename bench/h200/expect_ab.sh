@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# expect_ab.sh SHAPE AGENTS "MLXD_ARGS": the join window's turns expected back (replies that
+# ended hold a new wave for their next turns, engine/arrivals.py) on (MLXD_JOIN_EXPECT=1)
+# against off (0), mlxd alone, ROUNDS (default 3) alternations of one round each with
+# MLXD_TRACE: tok/s, TTFT and the rounds' join lines (how many waves each turn took) in
+# expect-ab.txt. MIN=128 draws replies of 128-256 tokens (rows end apart, agents come back apart).
+set -euo pipefail
+source bench/h200/setup.sh
+shape=$1 agents=$2 extra=$3
+model=$(model_dir "$shape")
+work=(--agents "$agents" --turns 2 --warmup 8 --max-tokens 256 --system-tokens 3600
+  --batch "${BATCH:-32}" --mlxd-args "$extra" ${MIN:+--min-tokens $MIN})
+for round in $(seq 1 "${ROUNDS:-3}"); do
+  for expect in 1 0; do
+    run="e$expect-$round"
+    echo "== MLXD_JOIN_EXPECT=$expect round $round ${MIN:+(replies $MIN-256)}" | tee -a "$OUT/expect-ab.txt"
+    MLXD_JOIN_EXPECT=$expect MLXD_TRACE="$OUT/trace-$run.jsonl" python3 -m mlxd bench serve \
+      --model "$model" "${work[@]}" --only mlxd --seed "$round" --json "$OUT/ea-$run.json" \
+      2>&1 | grep -E "^\| [0-9]|round" | tee -a "$OUT/expect-ab.txt"
+    python3 -m mlxd.bench.trace_report "$OUT/trace-$run.jsonl" | grep -E "rows|held|batched" \
+      | tee -a "$OUT/expect-ab.txt" || true
+  done
+done
+cd "$OUT" && tar czf expect-ab-traces.tar.gz trace-*.jsonl ea-*.json && rm -f trace-*.jsonl ea-*.json
