@@ -132,3 +132,18 @@ def test_turns_that_come_back_apart_join_one_wave(make_server, window) -> None:
 def test_mlxd_join_expect_0_turns_the_expected_turns_off(make_server, monkeypatch) -> None:
     monkeypatch.setenv("MLXD_JOIN_EXPECT", "0")  # the A/B's other side (bench/h200)
     assert make_server(join_window=5.0).state.provider.arrivals.expect_returns is False
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", list(ENDPOINTS))
+def test_a_lone_agents_next_turn_is_never_held(make_server, path, stream) -> None:
+    """Its reply is counted as ended before the client can send the next turn (or the next
+    turn would wait the whole window for itself)."""
+    live = make_server(join_window=5.0)
+    body = {**ENDPOINTS[path][2], "stream": stream}
+    for _ in range(3):
+        with httpx.stream("POST", live.url + path, json=body, timeout=60) as r:
+            assert r.status_code == 200
+            r.read()
+    assert len(live.state.provider.arrivals.ends) == 3  # each reply counted
+    assert "wave held for arrivals" not in _engine(live).stats()["paths"]
