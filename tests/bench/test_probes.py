@@ -300,3 +300,18 @@ def test_neighbours_names_each_ops_producers_and_consumers(capsys) -> None:
     assert lines[2:] == [
         "      28  Broadcast/BitwiseAnd, Matmul, Broadcast/source > Select > Softmax"
     ]
+
+
+def test_probe_new_rows_times_first_and_warm_steps_per_pass(capsys) -> None:
+    from mlxd.bench import probe_new_rows
+
+    args = ["--shape", "qwen3-host", "--rows", "4", "2", "--context", "24", "--steps", "2"]
+    probe_new_rows.main(args)
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split(":")[0] for line in lines] == [
+        "pass 1 rows   4", "pass 1 rows   2", "pass 2 rows   4", "pass 2 rows   2"
+    ]  # fmt: skip
+    step = r"first step +[\d.]+ ms, warm +[\d.]+ ms"
+    assert all(re.search(step + "$", x) for x in lines[::2])  # the top row count: no leave
+    assert all(re.search(step + r"; a layer's leave from 4: +[\d.]+ ms, equal True$", x)
+               for x in lines[1::2])  # fmt: skip

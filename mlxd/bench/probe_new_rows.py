@@ -1,0 +1,69 @@
+"""What a batched step costs the first time a process meets its row count, against the same
+step once warm, and the same for rows leaving by slices (kv/take_rows.py) to that count.
+
+In session 32's H200 fleet the first step after 5 of 32 rows left took 2.8 s, and a first
+3-row prefill 0.9 s, where a warm step takes ~10 ms (docs/performance.md §1). MLX-CUDA's
+compiled kernels take the shape as an argument, so the suspects are per-shape first calls:
+cuBLASLt's heuristic and kernel load at a new M, JIT-compiled gathers or copies, cuDNN. Each
+row count here is met twice in one process (`--passes`), so a first cost shows as pass 1's
+first step against pass 2's (pass 1's first row count also carries the process's first step).
+
+    python -m mlxd.bench.probe_new_rows --shape qwen3-0.6b --rows 32 27 28 29 5 3
+"""
+
+import statistics
+import time
+from typing import Any
+
+import mlx.core as mx
+
+from ..kv.take_rows import take_rows
+from ..model.folded_attention import MODES
+from .models import attention_dims, build_random, rows_parser
+from .probe_ops import model_for, step_fn
+
+
+def _ms(fn: Any) -> float:
+    """Wall ms of `fn()` evaluated, from a synced start."""
+    mx.synchronize()
+    t0 = time.perf_counter()
+    mx.eval(fn())
+    return 1e3 * (time.perf_counter() - t0)
+
+
+def leave_to(rows: int, cache_rows: int, context: int, kv: int, D: int) -> tuple[float, bool]:
+    """Ms to keep `rows` of a `cache_rows`-row layer cache by slices (two runs, as when rows in
+    the middle end), and whether they equal mlx-lm's gather of the same rows."""
+    x = mx.random.normal((cache_rows, kv, context, D)).astype(mx.bfloat16)
+    mx.eval(x)
+    keep = [*range(rows // 2), *range(cache_rows - (rows - rows // 2), cache_rows)]
+    ms = _ms(lambda: (take_rows(x, keep, by_slices=True),))
+    return ms, mx.array_equal(take_rows(x, keep, by_slices=True), x[mx.array(keep)]).item()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = rows_parser(__doc__, "qwen3-0.6b", [32, 27, 28, 29, 5, 3])
+    p.add_argument("--context", type=int, default=3700)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--passes", type=int, default=2)
+    p.add_argument("--mode", choices=MODES, default="folded+fused")
+    args = p.parse_args(argv)
+    bm = build_random(args.shape, "bfloat16")
+    model = model_for(bm.model, args.mode)
+    _, kv, D, _ = attention_dims(args.shape)
+    top = max(args.rows)
+    print(f"{args.shape}, {args.mode}, {args.context} keys, {mx.default_device()}")
+    for n in range(1, args.passes + 1):
+        for rows in args.rows:
+            step = step_fn(model, rows, args.context, kv, D, args.steps + 2)
+            first = _ms(step)
+            warm = statistics.median(_ms(step) for _ in range(args.steps))
+            line = f"pass {n} rows {rows:3d}: first step {first:8.1f} ms, warm {warm:6.2f} ms"
+            if rows < top:
+                ms, equal = leave_to(rows, top, args.context, kv, D)
+                line += f"; a layer's leave from {top}: {ms:7.2f} ms, equal {equal}"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
