@@ -14,15 +14,6 @@ work=(--agents "$agents" --turns 2 --warmup 8 --max-tokens 256 --system-tokens 3
 if [ "${WARM:-1}" != 0 ]; then  # a fresh machine's first compiles land in an untimed run
   python3 -m mlxd bench serve --model "$model" "${work[@]}" --only mlxd >/dev/null 2>&1 || true
 fi
-for round in $(seq 1 "${ROUNDS:-3}"); do
-  for expect in 1 0; do
-    run="e$expect-$round"
-    echo "== MLXD_JOIN_EXPECT=$expect round $round ${MIN:+(replies $MIN-256)}" | tee -a "$OUT/expect-ab.txt"
-    MLXD_JOIN_EXPECT=$expect MLXD_TRACE="$OUT/trace-$run.jsonl" python3 -m mlxd bench serve \
-      --model "$model" "${work[@]}" --only mlxd --seed "$round" --json "$OUT/ea-$run.json" \
-      2>&1 | grep -E "^\| [0-9]|round" | tee -a "$OUT/expect-ab.txt"
-    python3 -m mlxd.bench.trace_report "$OUT/trace-$run.jsonl" | grep -E "rows|held|batched" \
-      | tee -a "$OUT/expect-ab.txt" || true
-  done
-done
-cd "$OUT" && tar czf expect-ab-traces.tar.gz trace-*.jsonl ea-*.json && rm -f trace-*.jsonl ea-*.json
+echo "replies ${MIN:-256}-256 tokens" >"$OUT/expect-ab.txt"
+ROUNDS=${ROUNDS:-3} env_ab MLXD_JOIN_EXPECT "1 0" expect-ab.txt "$model" "${work[@]}"
+cd "$OUT" && tar czf expect-ab-traces.tar.gz trace-*.jsonl env-*.json && rm -f trace-*.jsonl env-*.json

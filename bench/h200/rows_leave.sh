@@ -9,18 +9,9 @@ shape=$1 agents=$2 extra=$3
 model=$(model_dir "$shape")
 work=(--agents "$agents" --turns 2 --warmup 8 --max-tokens 256 --min-tokens "${MIN:-128}"
   --system-tokens 3600 --batch "${BATCH:-32}" --mlxd-args "$extra")
-for round in $(seq 1 "${ROUNDS:-2}"); do
-  for way in slices gather; do
-    echo "== $way round $round" | tee -a "$OUT/rows-leave.txt"
-    MLXD_TAKE_ROWS=$way MLXD_TRACE="$OUT/trace-$way-$round.jsonl" python3 -m mlxd bench serve \
-      --model "$model" "${work[@]}" --only mlxd --seed "$round" --json "$OUT/rl-$way-$round.json" \
-      2>&1 | grep -E "^\| [0-9]|round" | tee -a "$OUT/rows-leave.txt"
-    python3 -m mlxd.bench.trace_report "$OUT/trace-$way-$round.jsonl" | grep -E "rows" \
-      | tee -a "$OUT/rows-leave.txt" || true
-  done
-done
+env_ab MLXD_TAKE_ROWS "slices gather" rows-leave.txt "$model" "${work[@]}"
 if [ -n "${BOTH:-}" ]; then
   python3 -m mlxd bench serve --model "$model" "${work[@]}" --rounds "${FLEET_ROUNDS:-2}" \
     --json "$OUT/fleet-mixed.json" 2>&1 | tee "$OUT/fleet-mixed.txt" | grep -E "^\| [0-9]|round|ratio"
 fi
-[ "${ROUNDS:-2}" = 0 ] || { cd "$OUT" && tar czf rows-leave-traces.tar.gz trace-*.jsonl rl-*.json && rm -f trace-*.jsonl rl-*.json; }
+[ "${ROUNDS:-2}" = 0 ] || { cd "$OUT" && tar czf rows-leave-traces.tar.gz trace-*.jsonl env-*.json && rm -f trace-*.jsonl env-*.json; }

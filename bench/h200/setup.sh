@@ -14,3 +14,20 @@ model_dir() {  # model_dir SHAPE -> /root/SHAPE-random (written once per machine
   [ -f "$d/config.json" ] || python3 -m mlxd.bench.random_model "$d" --shape "$1" --tokenizer /tmp/tok >&2
   echo "$d"
 }
+env_ab() {  # env_ab VAR "VALUES" TXT MODEL BENCH_ARGS...: mlxd alone, ROUNDS (default 2)
+  # alternations of VAR's values, one round each with MLXD_TRACE: the bench line and
+  # trace_report's step and join lines in $OUT/TXT; traces and JSONs left in $OUT (trace-*, env-*)
+  local var=$1 values=$2 txt=$OUT/$3 model=$4 round value run
+  shift 4
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for value in $values; do
+      run="$value-$round"
+      echo "== $var=$value round $round" | tee -a "$txt"
+      env "$var=$value" MLXD_TRACE="$OUT/trace-$run.jsonl" python3 -m mlxd bench serve \
+        --model "$model" "$@" --only mlxd --seed "$round" --json "$OUT/env-$run.json" \
+        2>&1 | grep -E "^\| [0-9]|round" | tee -a "$txt"
+      python3 -m mlxd.bench.trace_report "$OUT/trace-$run.jsonl" | grep -E "rows:|leaving|'batched'|held" \
+        | tee -a "$txt" || true
+    done
+  done
+}
