@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# newrows.sh [SHAPE] ["ROWS ..."]: the first batched step at each row count against the same
-# step warm, twice in one process (probe_new_rows), with CUDA graphs off as the 0.6B fleet runs
-# (GRAPHS=1: on), and MLX-CUDA's PTX cache file count before and after (/tmp/mlx/<version>/ptx:
-# a count that grows with the row counts means JIT compiles). Run on a fresh start.
+# newrows.sh [SHAPE] ["ROWS ..."]: per row count, twice in one process (probe_new_rows), its
+# caches' build, its first batched step against the same step warm and every layer's leave to
+# it, with CUDA graphs off as the 0.6B fleet runs (GRAPHS=1: on), and MLX-CUDA's PTX cache file
+# count before and after (/tmp/mlx/<version>/ptx: a count that grows with the row counts means
+# JIT compiles). Run on a fresh start.
 set -euo pipefail
 source bench/h200/setup.sh
 shape=${1:-qwen3-0.6b} rows=${2:-32 27 28 29 5 3}

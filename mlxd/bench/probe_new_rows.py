@@ -7,6 +7,9 @@ compiled kernels take the shape as an argument, so the suspects are per-shape fi
 cuBLASLt's heuristic and kernel load at a new M, JIT-compiled gathers or copies, cuDNN. Each
 row count here is met twice in one process (`--passes`), so a first cost shows as pass 1's
 first step against pass 2's (pass 1's first row count also carries the process's first step).
+Device memory is a suspect too: a new row count's arrays have sizes MLX's buffer cache holds
+none of, so each line also times building that count's caches and every layer's leave from the
+top count (fresh allocations in pass 1, the cache's freed buffers again in pass 2).
 
     python -m mlxd.bench.probe_new_rows --shape qwen3-0.6b --rows 32 27 28 29 5 3
 """
@@ -20,6 +23,7 @@ import mlx.core as mx
 from ..kv.take_rows import take_rows
 from ..model.folded_attention import MODES
 from .models import attention_dims, build_random, rows_parser
+from .probe_graphs import _caches
 from .probe_ops import model_for, step_fn
 
 
@@ -31,14 +35,28 @@ def _ms(fn: Any) -> float:
     return 1e3 * (time.perf_counter() - t0)
 
 
+def _keep(rows: int, cache_rows: int) -> list[int]:
+    """`rows` of `cache_rows` in two runs, as when rows in the middle end."""
+    return [*range(rows // 2), *range(cache_rows - (rows - rows // 2), cache_rows)]
+
+
 def leave_to(rows: int, cache_rows: int, context: int, kv: int, D: int) -> tuple[float, bool]:
-    """Ms to keep `rows` of a `cache_rows`-row layer cache by slices (two runs, as when rows in
-    the middle end), and whether they equal mlx-lm's gather of the same rows."""
+    """Ms to keep `rows` of a `cache_rows`-row layer cache by slices, and whether they equal
+    mlx-lm's gather of the same rows."""
     x = mx.random.normal((cache_rows, kv, context, D)).astype(mx.bfloat16)
     mx.eval(x)
-    keep = [*range(rows // 2), *range(cache_rows - (rows - rows // 2), cache_rows)]
+    keep = _keep(rows, cache_rows)
     ms = _ms(lambda: (take_rows(x, keep, by_slices=True),))
     return ms, mx.array_equal(take_rows(x, keep, by_slices=True), x[mx.array(keep)]).item()
+
+
+def whole_leave(caches: list[Any], rows: int) -> float:
+    """Ms for every layer's keys and values to keep `rows` by slices, as a leave step's filter
+    does; the outputs are dropped at return, so their buffers go back to MLX's cache."""
+    keep = _keep(rows, caches[0].keys.shape[0])
+    return _ms(
+        lambda: [take_rows(a, keep, by_slices=True) for c in caches for a in (c.keys, c.values)]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,16 +70,22 @@ def main(argv: list[str] | None = None) -> None:
     model = model_for(bm.model, args.mode)
     _, kv, D, _ = attention_dims(args.shape)
     top = max(args.rows)
+    held = _caches(model, top, args.context, kv, D, args.steps + 2)  # every leave's source
     print(f"{args.shape}, {args.mode}, {args.context} keys, {mx.default_device()}")
     for n in range(1, args.passes + 1):
         for rows in args.rows:
+            t0 = time.perf_counter()
             step = step_fn(model, rows, args.context, kv, D, args.steps + 2)
+            built = 1e3 * (time.perf_counter() - t0)  # step_fn evaluates its caches
             first = _ms(step)
             warm = statistics.median(_ms(step) for _ in range(args.steps))
-            line = f"pass {n} rows {rows:3d}: first step {first:8.1f} ms, warm {warm:6.2f} ms"
+            line = f"pass {n} rows {rows:3d}: caches {built:8.1f} ms, "
+            line += f"first step {first:8.1f} ms, warm {warm:6.2f} ms"
             if rows < top:
                 ms, equal = leave_to(rows, top, args.context, kv, D)
                 line += f"; a layer's leave from {top}: {ms:7.2f} ms, equal {equal}"
+                line += f"; every layer's: {whole_leave(held, rows):8.1f} ms"
+            del step  # its caches' buffers go back to MLX's cache for pass 2
             print(line, flush=True)
 
 
