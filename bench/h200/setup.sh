@@ -1,6 +1,9 @@
-# Source on the device in call 3 (bench/h200/README.md): installs MLX-CUDA + mlx-lm + extras,
+# Source on the device in call 2 (bench/h200/README.md): installs MLX-CUDA + mlx-lm + extras,
 # unpacks the tokenizer to /tmp/tok, puts mlxd on PYTHONPATH, builds model folders on first use.
 set -o pipefail
+if [ -d .whlE ]; then  # call 2 carries the extras and the tokenizer beside .whlB
+  mkdir -p /root/whl/extra && cp .whlE/*.whl /root/whl/extra/ && cp .whlE/tok.tar.xz /root/whl/
+fi
 if [ -f /tmp/site/.mlxd-installed ]; then  # a warm machine from an earlier call: skip the reinstall
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 else
