@@ -11,7 +11,7 @@ Device memory is a suspect too: a new row count's arrays have sizes MLX's buffer
 none of, so each line also times building that count's caches and every layer's leave from the
 top count (fresh allocations in pass 1, the cache's freed buffers again in pass 2).
 
-    python -m mlxd.bench.probe_new_rows --shape qwen3-0.6b --rows 32 27 28 29 5 3
+    python -m mlxd.bench.probe_new_rows --shape qwen3-0.6b --rows 32 27 5 3 --context 3700 4027
 """
 
 import statistics
@@ -61,7 +61,7 @@ def whole_leave(caches: list[Any], rows: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     p = rows_parser(__doc__, "qwen3-0.6b", [32, 27, 28, 29, 5, 3])
-    p.add_argument("--context", type=int, default=3700)
+    p.add_argument("--context", type=int, nargs="+", default=[3700], help="cached keys a row")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--mode", choices=MODES, default="folded+fused")
@@ -69,24 +69,31 @@ def main(argv: list[str] | None = None) -> None:
     bm = build_random(args.shape, "bfloat16")
     model = model_for(bm.model, args.mode)
     _, kv, D, _ = attention_dims(args.shape)
-    top = max(args.rows)
-    held = _caches(model, top, args.context, kv, D, args.steps + 2)  # every leave's source
-    print(f"{args.shape}, {args.mode}, {args.context} keys, {mx.default_device()}")
+    top, base = max(args.rows), args.context[0]
+    held = _caches(model, top, base, kv, D, args.steps + 2)  # every leave's source
+    print(f"{args.shape}, {args.mode}, {mx.default_device()}; leaves at {base} keys")
     for n in range(1, args.passes + 1):
-        for rows in args.rows:
-            t0 = time.perf_counter()
-            step = step_fn(model, rows, args.context, kv, D, args.steps + 2)
-            built = 1e3 * (time.perf_counter() - t0)  # step_fn evaluates its caches
-            first = _ms(step)
-            warm = statistics.median(_ms(step) for _ in range(args.steps))
-            line = f"pass {n} rows {rows:3d}: caches {built:8.1f} ms, "
-            line += f"first step {first:8.1f} ms, warm {warm:6.2f} ms"
-            if rows < top:
-                ms, equal = leave_to(rows, top, args.context, kv, D)
-                line += f"; a layer's leave from {top}: {ms:7.2f} ms, equal {equal}"
-                line += f"; every layer's: {whole_leave(held, rows):8.1f} ms"
-            del step  # its caches' buffers go back to MLX's cache for pass 2
-            print(line, flush=True)
+        for keys in args.context:  # a new cache length is a new shape too
+            for rows in args.rows:
+                print(f"pass {n} rows {rows:3d} keys {keys:5d}: " + _line(model, rows, keys, args,
+                      held if keys == base and rows < top else None), flush=True)  # fmt: skip
+
+
+def _line(model: Any, rows: int, keys: int, args: Any, held: list[Any] | None) -> str:
+    """One row count at one cache length: its caches' build, first and warm steps, leaves."""
+    _, kv, D, _ = attention_dims(args.shape)
+    t0 = time.perf_counter()
+    step = step_fn(model, rows, keys, kv, D, args.steps + 2)
+    built = 1e3 * (time.perf_counter() - t0)  # step_fn evaluates its caches
+    first = _ms(step)
+    warm = statistics.median(_ms(step) for _ in range(args.steps))
+    line = f"caches {built:8.1f} ms, first step {first:8.1f} ms, warm {warm:6.2f} ms"
+    if held is not None:
+        top = held[0].keys.shape[0]
+        ms, equal = leave_to(rows, top, keys, kv, D)
+        line += f"; a layer's leave from {top}: {ms:7.2f} ms, equal {equal}"
+        line += f"; every layer's: {whole_leave(held, rows):8.1f} ms"
+    return line  # the step and its caches go here, their buffers back to MLX's cache
 
 
 if __name__ == "__main__":
