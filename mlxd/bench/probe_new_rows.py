@@ -10,12 +10,17 @@ first step against pass 2's (pass 1's first row count also carries the process's
 Device memory is a suspect too: a new row count's arrays have sizes MLX's buffer cache holds
 none of, so each line also times building that count's caches and every layer's leave from the
 top count (fresh allocations in pass 1, the cache's freed buffers again in pass 2).
+A leave also gathers what mlx-lm's filter keeps (the next tokens, uint32; the caches' offsets
+and left padding, int32), and MLX-CUDA JIT-compiles one gather module per dtype at its first
+use, which a fleet whose rows all end together never makes. So the process first times one
+small gather per dtype, twice, before anything else runs (`first gathers`).
 
     python -m mlxd.bench.probe_new_rows --shape qwen3-0.6b --rows 32 27 5 3 --context 3700 4027
 """
 
 import statistics
 import time
+from functools import partial
 from typing import Any
 
 import mlx.core as mx
@@ -33,6 +38,20 @@ def _ms(fn: Any) -> float:
     t0 = time.perf_counter()
     mx.eval(fn())
     return 1e3 * (time.perf_counter() - t0)
+
+
+GATHER_DTYPES = (mx.uint32, mx.int32, mx.float32, mx.bfloat16)
+
+
+def first_gathers() -> str:
+    """Ms for a small gather of each dtype, its first use in the process and again."""
+    out, keep = [], mx.array([1, 3, 4])
+    for dtype in GATHER_DTYPES:
+        x = mx.arange(8).astype(dtype)
+        mx.eval(x, keep)
+        first, again = (_ms(partial(x.__getitem__, keep)) for _ in range(2))
+        out.append(f"{str(dtype).split('.')[-1]} {first:.1f} / {again:.1f} ms")
+    return "first gathers, first / again: " + ", ".join(out)
 
 
 def _keep(rows: int, cache_rows: int) -> list[int]:
@@ -66,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--mode", choices=MODES, default="folded+fused")
     args = p.parse_args(argv)
+    print(first_gathers(), flush=True)  # before the model: its embedding lookup is a gather
     bm = build_random(args.shape, "bfloat16")
     model = model_for(bm.model, args.mode)
     _, kv, D, _ = attention_dims(args.shape)

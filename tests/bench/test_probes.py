@@ -307,7 +307,10 @@ def test_probe_new_rows_times_first_and_warm_steps_per_pass(capsys) -> None:
 
     args = ["--shape", "qwen3-host", "--rows", "4", "2", "--context", "24", "30", "--steps", "2"]
     probe_new_rows.main(args)
-    lines = capsys.readouterr().out.splitlines()[1:]
+    gathers, _, *lines = capsys.readouterr().out.splitlines()
+    each = r"(\w+) [\d.]+ / [\d.]+ ms"
+    assert re.fullmatch(rf"first gathers, first / again: {each}(, {each})*", gathers)
+    assert re.findall(r"(\w+) [\d.]+ /", gathers) == ["uint32", "int32", "float32", "bfloat16"]
     assert [line.split(":")[0] for line in lines] == [
         f"pass {n} rows {r:3d} keys {k:5d}" for n in (1, 2) for k in (24, 30) for r in (4, 2)
     ]
