@@ -12,8 +12,8 @@ none of, so each line also times building that count's caches and every layer's 
 top count (fresh allocations in pass 1, the cache's freed buffers again in pass 2).
 A leave also gathers what mlx-lm's filter keeps (the next tokens, uint32; the caches' offsets
 and left padding, int32), and MLX-CUDA JIT-compiles one gather module per dtype at its first
-use, which a fleet whose rows all end together never makes. So the process first times one
-small gather per dtype, twice, before anything else runs (`first gathers`).
+use, which a fleet whose rows all end together may never have made. So the process first times
+one small gather per dtype, twice, before anything else runs (`first gathers`).
 
     python -m mlxd.bench.probe_new_rows --shape qwen3-0.6b --rows 32 27 5 3 --context 3700 4027
 """
