@@ -1,12 +1,16 @@
-"""B=1 host overhead: mlxd's per-token bookkeeping around the serial row's step, on a shape
-where the host dominates (qwen3-host cut to `--layers`), against mlx-lm's stream_generate.
+"""B=1 host overhead: mlxd's per-token bookkeeping around the serial row's step, and its lone
+step over rows (model/lone_step.py), on a shape where the host dominates (qwen3-host cut to
+`--layers`, or any `--shape`), against mlx-lm's stream_generate.
 
     python -m mlxd.bench.probe_overhead --layers 1 --rounds 15
+    python -m mlxd.bench.probe_overhead --shape qwen3-0.6b --rounds 20 --prompt-tokens 512
 
-Prints each side's per-token time (after the first token; medians over alternated rounds), the
-per-round speed ratio (mlx-lm's time over mlxd's, > 1 when mlxd is faster) and, for mlxd, the
-per-token time spent outside `SerialRow.decode` (turns, events, the reader's loop): the part of
-a host-bound step that is mlxd's own. docs/performance.md §4 item 8.
+Three sides alternate round by round (the order rotating): mlx-lm, mlxd, and mlxd with its
+lone step off (`mlxd/mlx-step`: mlx-lm's model call, `--lone-step mlx`). Prints each side's
+per-token time (after the first token; medians over rounds), the per-round speed ratios
+(> 1 when the second side is faster) and, for mlxd, the per-token time spent outside
+`SerialRow.decode` (turns, events, the reader's loop): the part of a host-bound step that is
+mlxd's own. docs/performance.md §4 items 3 and 8.
 """
 
 import statistics
@@ -19,6 +23,7 @@ import mlx.core as mx
 from mlx_lm.generate import stream_generate
 
 from ..engine import stream_generate as mlxd_stream_generate
+from ..engine.registry import engine_for
 from ..engine.serial import SerialRow
 from .models import SHAPES, build_random, stream_parser
 
@@ -53,37 +58,56 @@ def _per_token(fn: Callable, bm: Any, prompt: mx.array, n: int) -> tuple[float, 
     return 1e6 * total / count, 1e6 * (total - inside[0]) / count
 
 
-def run(layers: int, rounds: int, prompt_tokens: int, gen: int) -> list[str]:
-    shape = f"qwen3-host-{layers}"
-    SHAPES[shape] = dict(SHAPES["qwen3-host"], num_hidden_layers=layers)
+def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> list[str]:
     bm = build_random(shape, "bfloat16")
     prompt = mx.array([1 + (i * 7919) % (bm.vocab_size - 1) for i in range(prompt_tokens)])
-    sides = {"mlx-lm": stream_generate, "mlxd": mlxd_stream_generate}
+    config = engine_for(bm.model).config  # the API's engine: its lone step set per side
+
+    def mlxd_with(lone: bool) -> Callable:
+        def fn(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            config.lone_step = lone  # read when the request's serial row is made
+            return mlxd_stream_generate(*args, **kwargs)
+
+        return fn
+
+    sides = {"mlx-lm": stream_generate, "mlxd": mlxd_with(True), "mlxd/mlx-step": mlxd_with(False)}
     for fn in sides.values():  # warm-up
         _per_token(fn, bm, prompt, gen)
     times: dict[str, list[float]] = {k: [] for k in sides}
     outside: list[float] = []
+    names = list(sides)
     for r in range(rounds):
-        for name in list(sides)[:: 1 if r % 2 == 0 else -1]:
+        for name in names[r % 3 :] + names[: r % 3]:
             per, out = _per_token(sides[name], bm, prompt, gen)
             times[name].append(per)
             if name == "mlxd":
                 outside.append(out)
-    ratio = statistics.median(a / b for a, b in zip(times["mlx-lm"], times["mlxd"], strict=True))
+    config.lone_step = True
     lines = [
         f"{name}: {statistics.median(v):.1f} us per token [{min(v):.1f}-{max(v):.1f}]"
         for name, v in times.items()
     ]
-    lines.append(f"per-round speed ratio mlx-lm/mlxd {ratio:.3f}")
+    for a, b in (("mlx-lm", "mlxd"), ("mlx-lm", "mlxd/mlx-step"), ("mlxd/mlx-step", "mlxd")):
+        ratios = [x / y for x, y in zip(times[a], times[b], strict=True)]
+        lines.append(
+            f"per-round speed ratio {a}/{b} {statistics.median(ratios):.3f} "
+            f"[{min(ratios):.3f}-{max(ratios):.3f}]"
+        )
     lines.append(f"mlxd outside SerialRow.decode: {statistics.median(outside):.1f} us per token")
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     p = stream_parser(__doc__, rounds=15, prompt_tokens=32, gen_tokens=400)
-    p.add_argument("--layers", type=int, default=1, help="qwen3-host's layers (28 in full)")
+    p.add_argument(
+        "--layers", type=int, default=None, help="qwen3-host cut to this many layers (28 in full)"
+    )
     a = p.parse_args(argv)
-    print("\n".join(run(a.layers, a.rounds, a.prompt_tokens, a.gen_tokens)), flush=True)
+    shape = a.shape
+    if a.layers is not None:
+        shape = f"qwen3-host-{a.layers}"
+        SHAPES[shape] = dict(SHAPES["qwen3-host"], num_hidden_layers=a.layers)
+    print("\n".join(run(shape, a.rounds, a.prompt_tokens, a.gen_tokens)), flush=True)
 
 
 if __name__ == "__main__":

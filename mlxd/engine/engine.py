@@ -16,6 +16,7 @@ from typing import Any
 # mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
 from ..model.folded_attention import is_folded
 from ..model.folded_attention import unsupported as unfoldable
+from ..model.lone_step import LoneTwin
 from .admission import Admission, Overloaded
 from .arrivals import Arrivals, Ticket
 from .batch import BatchConfig, BatchedRows, batchable
@@ -96,6 +97,7 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         # The prefix store (layer 0), keyed by `namespace`: the model, its adapter, ...
         self.sharing = PrefixSharing(prefix_store, namespace) if prefix_store is not None else None
         self._serial: Serial | None = None
+        self._lone = LoneTwin()  # the model a serial row steps (row_model)
         self._alone = False  # the serial row cannot share the batched step
         self._batches: dict[Any, BatchedRows] = {}  # by KV format (None: unquantized)
         self._forks: list[ForkJob] = []  # n > 1 prompts being prefilled once
@@ -115,6 +117,10 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         if model is None:
             raise RuntimeError("the model of this engine was garbage-collected")
         return model
+
+    def row_model(self) -> Any:
+        """The model a serial row steps: its lone twin (model/lone_step.py) unless it is off."""
+        return self._lone.of(self.model) if self.config.lone_step else self.model
 
     def submit(self, req: GenerationRequest, arrival: Ticket | None = None) -> RequestHandle:
         """`arrival`: the request's ticket from a server's `arrivals`, released as it queues."""

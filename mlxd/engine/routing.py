@@ -25,6 +25,7 @@ class Routing:
     _forks: list[ForkJob]
     _groups: dict[int, list[Any]]
     _driver: Any
+    row_model: Any
 
     def _start(self, joiners: list) -> None:
         """Turn this round's joiners into rows: forks, a serial row, or batch joiners."""
@@ -48,7 +49,8 @@ class Routing:
             self._alone = solo
             self.paths["alone" if self._alone else "serial"] += 1
             try:
-                row = SerialRow(self.model, req, generation_stream, plan, self._snapshot(req, plan))
+                row = SerialRow(self.row_model(), req, generation_stream, plan,
+                                self._snapshot(req, plan))  # fmt: skip
                 row.clears = self.config.clear_cache
                 row.keeps_key = handle is self._driver  # its drawn key, at hand for a hand-over
                 self._serial = (row, handle, out)

@@ -16,6 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.activations import swiglu
 
 
 class HeldLinear:
@@ -43,6 +44,25 @@ class Projections:
         self.q, self.k, self.v, self.o = (
             held(getattr(attn, n)) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
         )
+
+
+class HeldMLP(nn.Module):
+    """Wraps a dense swiglu MLP (`dense_mlps()`): over 2-D rows (`rows`) its three projections
+    take held transposes, the same formula, down(swiglu(gate(x), up(x))); anything else goes
+    to the original module."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self._gate, self._up, self._down = (
+            held(getattr(inner, n)) for n in ("gate_proj", "up_proj", "down_proj")
+        )
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.inner(x)
+
+    def rows(self, x: mx.array) -> mx.array:
+        return self._down(swiglu(self._gate(x), self._up(x)))
 
 
 class StepConstants:
@@ -89,7 +109,7 @@ class RowsStep:
 
 
 def _mlp_rows(mlp: Any, x: mx.array) -> mx.array:
-    if hasattr(mlp, "rows"):  # FusedMLP
+    if hasattr(mlp, "rows"):  # FusedMLP, HeldMLP
         return mlp.rows(x)
     if type(mlp) in dense_mlps():  # Linear layers: any leading shape
         return mlp(x)

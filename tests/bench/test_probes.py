@@ -122,14 +122,18 @@ def test_probe_overhead_splits_mlxds_per_token_time(capsys) -> None:
     from mlxd.engine.serial import SerialRow
 
     decode = SerialRow.decode
-    probe_overhead.main(["--layers", "1", "--rounds", "2", "--prompt-tokens", "8",
+    probe_overhead.main(["--layers", "1", "--rounds", "3", "--prompt-tokens", "8",
                          "--gen-tokens", "10"])  # fmt: skip
     assert SerialRow.decode is decode  # the timer is gone again
     lines = capsys.readouterr().out.splitlines()
+    sides = ["mlx-lm", "mlxd", "mlxd/mlx-step"]
     per = [float(re.match(rf"{side}: ([\d.]+) us per token \[", line)[1])
-           for side, line in zip(["mlx-lm", "mlxd"], lines, strict=False)]  # fmt: skip
-    assert re.fullmatch(r"per-round speed ratio mlx-lm/mlxd [\d.]+", lines[2])
-    outside = re.fullmatch(r"mlxd outside SerialRow.decode: ([\d.]+) us per token", lines[3])
+           for side, line in zip(sides, lines, strict=False)]  # fmt: skip
+    assert len(per) == 3
+    pairs = ["mlx-lm/mlxd", "mlx-lm/mlxd/mlx-step", "mlxd/mlx-step/mlxd"]
+    for pair, line in zip(pairs, lines[3:6], strict=True):
+        assert re.fullmatch(rf"per-round speed ratio {pair} [\d.]+ \[[\d.]+-[\d.]+\]", line)
+    outside = re.fullmatch(r"mlxd outside SerialRow.decode: ([\d.]+) us per token", lines[6])
     assert 0 < float(outside[1]) < per[1]
 
 

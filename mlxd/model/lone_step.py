@@ -1,0 +1,132 @@
+"""A lone row's decode step with fewer view nodes: mlx-lm's one-token step, the same kernels.
+
+mlx-lm's one-token step (generate_step's, and mlxd's serial row's) passes (1, 1, D) through
+each block: each projection is a Flatten, a Transpose of its weight, the matmul and an
+Unflatten, and each head split a reshape and a transpose, ~30 views a layer that launch nothing
+but cost the host ~0.7-1.3 µs each (docs/performance.md, session 28). A small model's step is
+host-bound on every backend, so a lone agent pays them every token. Here each block steps on
+(B, D) rows as rows_step.py's folded step does, with mlx-lm's own attention call
+(`scaled_dot_product_attention`, no mask): the same kernels on the same memory, so the same
+bits (tests/model/test_lone_step.py).
+"""
+
+import copy
+import weakref
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import scaled_dot_product_attention
+
+from .rows_step import HeldLinear, HeldMLP, Projections, blocks, dense_mlps, rows_block
+
+
+class LoneAttention(nn.Module):
+    """Wraps one layer's attention: a one-token step with no mask runs over (B, D) rows
+    (`rows`); anything else goes to the original module, op for op."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.proj = Projections(inner)
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        return self.inner(x, mask, cache)
+
+    def takes_rows(self, x: mx.array, mask: Any, cache: Any) -> bool:
+        """mlx-lm builds no mask for one token (`create_attention_mask`), so None means the
+        plain step; a cache is needed for the offset."""
+        return x.shape[1] == 1 and mask is None and cache is not None
+
+    def rows(self, x: mx.array, mask: None, cache: Any) -> mx.array:
+        """mlx-lm's attention over (B, D) rows: the heads reshaped straight to (B, H, 1, D), the
+        same memory order as its transposed (B, 1, H, D) since the token axis has length 1."""
+        a, p = self.inner, self.proj
+        B = x.shape[0]
+        q, k, v = p.q(x), p.k(x), p.v(x)
+        q, k = q.reshape(B, a.n_heads, 1, -1), k.reshape(B, a.n_kv_heads, 1, -1)
+        if hasattr(a, "q_norm"):  # qwen3
+            q, k = a.q_norm(q), a.k_norm(k)
+        v = v.reshape(B, a.n_kv_heads, 1, -1)
+        q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=a.scale, mask=None)
+        return p.o(out.reshape(B, -1))
+
+
+def supports(model: Any) -> bool:
+    """Every block is one whose call is RowsStep's formula (llama, qwen2, qwen3, qwen3_moe)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return bool(layers) and all(type(layer) in blocks() for layer in layers)
+
+
+class LoneTwin:
+    """An engine's lone twin of its model: made on first use and again whenever a module or
+    weight it holds was replaced since (an adapter fused, the model quantized or updated after
+    the engine started), so a held transpose is never stale. The check is ~0.03 ms a request
+    at 28 layers, against ~1 ms to make the twin. It holds no reference to the model itself."""
+
+    def __init__(self) -> None:
+        self._model: Any = None  # a weak reference to the model the twin was made from
+        self._twin: nn.Module | None = None
+        self._held: list[tuple[Any, Any, Any]] = []  # (container, key, what it held)
+
+    def of(self, model: nn.Module) -> nn.Module:
+        fresh = self._model is not None and self._model() is model
+        if not (fresh and all(c[k] is v for c, k, v in self._held)):
+            self._twin = lone(model)  # the model itself where its blocks are not supported
+            self._held = _holdings(model) if self._twin is not model else []
+            self._model = weakref.ref(model)
+        return self._twin  # type: ignore[return-value]
+
+
+def _holdings(model: nn.Module) -> list[tuple[Any, Any, Any]]:
+    """What `lone(model)` read: the layers, their attention and MLP modules, the projections
+    and their weights and biases."""
+    inner = model.model
+    found: list[tuple[Any, Any, Any]] = [(inner, "layers", inner["layers"])]
+    for i, layer in enumerate(inner["layers"]):
+        found.append((inner["layers"], i, layer))
+        for part, names in (("self_attn", _ATTN), ("mlp", _MLP)):
+            module = layer[part]
+            found.append((layer, part, module))
+            for name in names:
+                if name in module:
+                    lin = module[name]
+                    found.append((module, name, lin))
+                    found += [(lin, k, lin[k]) for k in ("weight", "bias") if k in lin]
+    return found
+
+
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def lone(model: nn.Module) -> nn.Module:
+    """A shallow copy of `model`, sharing its weights, whose one-token steps run over rows
+    (held weight transposes, no head transposes); `model` itself when its blocks are not
+    supported. Prefill chunks and anything else run the original modules."""
+    if not supports(model):
+        return model
+    shadow = copy.copy(model)
+    inner = copy.copy(model.model)
+    layers = []
+    for layer in model.model.layers:
+        twin = copy.copy(layer)
+        twin.self_attn = LoneAttention(layer.self_attn)
+        if type(layer.mlp) in dense_mlps():
+            twin.mlp = HeldMLP(layer.mlp)
+        layers.append(rows_block(twin))
+    inner.layers = layers
+    shadow.model = inner
+    # The held transposes are views: evaluated here, on the thread that made them, they launch
+    # nothing, and any thread can step the twin (MLX streams are per thread: engine/drive.py).
+    mx.eval([h.wt for h in _held_linears(layers)])
+    return shadow
+
+
+def _held_linears(layers: list[Any]) -> list[HeldLinear]:
+    parts = [(t.self_attn.proj.q, t.self_attn.proj.k, t.self_attn.proj.v, t.self_attn.proj.o)
+             for t in layers]  # fmt: skip
+    parts += [(t.mlp._gate, t.mlp._up, t.mlp._down) for t in layers if isinstance(t.mlp, HeldMLP)]
+    return [h for group in parts for h in group if isinstance(h, HeldLinear)]

@@ -1,0 +1,153 @@
+"""A lone row's one-token step over 2-D rows (mlxd/model/lone_step.py): mlx-lm's bits, fewer
+view nodes, and a twin that is made again when the model's modules or weights change.
+
+The reference is the caller's model stepped as mlx-lm steps it (generate_step's loop: its own
+caches, a one-token call per step); the parity suite checks the engine's serial path against
+generate_step itself with the twin on (its default). On MLX-CUDA this file is the check that
+the rows step keeps mlx-lm's kernels there (bench/h200/cuda_tests.sh)."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from fixtures.folded_models import PROMPTS, load_model, qwen2_model
+from mlx_lm.models import gemma3_text
+from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
+
+from mlxd.bench.probe_ops import VIEWS, primitives
+from mlxd.engine.batch import BatchConfig
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+from mlxd.model import lone_step as ls
+from mlxd.model import rows_step as rs
+
+
+@pytest.fixture
+def rows_calls(monkeypatch) -> list[int]:
+    """Counts the lone rows step's attention calls (so a test sees the 2-D path ran)."""
+    seen: list[int] = []
+    real = ls.LoneAttention.rows
+
+    def spy(self, x, mask, cache):
+        assert x.ndim == 2 and mask is None
+        seen.append(1)
+        return real(self, x, mask, cache)
+
+    monkeypatch.setattr(ls.LoneAttention, "rows", spy)
+    return seen
+
+
+def decode(model, steps: int, rows: int = 1, cache=None) -> mx.array:
+    """A prefill of `rows` equal-length prompts, then greedy one-token steps: every logits."""
+    tokens = mx.array([PROMPTS[2][i:] + PROMPTS[2][:i] for i in range(rows)])
+    cache = make_prompt_cache(model) if cache is None else cache
+    logits = [model(tokens, cache=cache)[:, -1, :]]
+    for _ in range(steps):
+        logits.append(model(mx.argmax(logits[-1], axis=-1)[:, None], cache=cache)[:, -1, :])
+    return mx.stack(logits)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_the_lone_step_equals_mlx_lms_step_bit_for_bit(model, rows, rows_calls) -> None:
+    steps = 8
+    ref = decode(model, steps, rows)
+    assert rows_calls == []
+    twin = ls.lone(model)
+    assert twin is not model and twin.model.layers[0].self_attn.inner is model.layers[0].self_attn
+    assert mx.array_equal(decode(twin, steps, rows), ref).item()
+    assert len(rows_calls) == steps * len(model.layers)  # every decode step, every layer
+
+
+@pytest.mark.parametrize("kind", ["quantized", "rotating"])
+def test_quantized_and_rotating_caches_keep_their_bits(tiny_model, kind, rows_calls) -> None:
+    """Quantized KV takes mlx-lm's quantized attention through the same call; a rotating
+    cache smaller than the prompt plus the steps wraps around while decoding."""
+    model = load_model(tiny_model, "qwen3")
+
+    def cache():
+        if kind == "quantized":
+            return [QuantizedKVCache(group_size=32, bits=8) for _ in model.layers]
+        return [RotatingKVCache(max_size=14, keep=2) for _ in model.layers]
+
+    ref = decode(model, 8, cache=cache())
+    assert mx.array_equal(decode(ls.lone(model), 8, cache=cache()), ref).item()
+    assert rows_calls  # the rows step ran
+
+
+def _step_graph(model):
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([PROMPTS[0]]), cache=cache))
+    return primitives(model(mx.array([[3]]), cache=cache))
+
+
+def test_the_lone_step_drops_the_per_layer_views(tiny_model) -> None:
+    """What it is for. Counted by hand from mlx-lm's qwen3 block: a layer's 7 projections are
+    each a Flatten, a weight Transpose and an Unflatten around the matmul, and q, k, v and the
+    output each a head Transpose; over rows none of those is left (the CPU's attention
+    fallback keeps its own, the same in both)."""
+    model = load_model(tiny_model, "qwen3")
+    n = len(model.layers)
+    plain, rows = _step_graph(model), _step_graph(ls.lone(model))
+    assert plain["Flatten"] - rows["Flatten"] == 7 * n
+    assert plain["Unflatten"] - rows["Unflatten"] == 7 * n
+    assert plain["Transpose"] - rows["Transpose"] == 11 * n
+    ops = {k: v for k, v in rows.items() if k not in VIEWS}
+    assert ops == {k: v for k, v in plain.items() if k not in VIEWS}  # the same ops
+
+
+def test_the_twin_is_made_again_when_a_weight_or_module_changes(tiny_model) -> None:
+    model = load_model(tiny_model, "qwen3")
+    twins = ls.LoneTwin()
+    first = twins.of(model)
+    assert twins.of(model) is first  # nothing changed: the same twin
+    attn = model.layers[0].self_attn
+    attn.q_proj.weight = attn.q_proj.weight * 2  # what model.update / load_weights do
+    mx.eval(attn.q_proj.weight)
+    second = twins.of(model)
+    assert second is not first
+    assert mx.array_equal(decode(second, 4), decode(model, 4)).item()
+    assert not mx.array_equal(decode(first, 4), decode(model, 4)).item()  # the stale one
+    nn.quantize(model, group_size=32, bits=4)  # every Linear module replaced
+    third = twins.of(model)
+    assert third is not second
+    assert mx.array_equal(decode(third, 4), decode(model, 4)).item()
+    other = qwen2_model()
+    assert twins.of(other) is not third  # another model: its own twin
+    assert mx.array_equal(decode(twins.of(other), 4), decode(other, 4)).item()
+
+
+def test_a_model_it_does_not_know_is_stepped_as_it_is() -> None:
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=256,
+        sliding_window=8,
+    )  # fmt: skip
+    model = gemma3_text.Model(args)
+    assert not ls.supports(model)
+    assert ls.lone(model) is model and ls.LoneTwin().of(model) is model
+
+
+def test_a_held_mlp_is_the_mlp_bit_for_bit(tiny_model) -> None:
+    mlp = load_model(tiny_model, "llama").layers[0].mlp
+    held = rs.HeldMLP(mlp)
+    x = mx.random.normal((3, mlp.gate_proj.weight.shape[1]), key=mx.random.key(1))
+    assert mx.array_equal(held.rows(x), mlp(x)).item()
+    assert mx.array_equal(held(x[:, None]), mlp(x[:, None])).item()  # 3-D: the module itself
+
+
+def test_the_engine_steps_a_lone_row_on_the_twin_unless_it_is_off(tiny_model, rows_calls) -> None:
+    model = load_model(tiny_model, "qwen3")
+    prompt = mx.array(PROMPTS[0])
+    outs = {}
+    for on in (True, False):
+        engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, lone_step=on))
+        try:
+            assert (engine.row_model() is model) is not on
+            before = len(rows_calls)
+            events = list(engine.submit(GenerationRequest(prompt=prompt, max_tokens=5)))
+            outs[on] = [(e.token, e.logprobs) for e in events if e.token is not None]
+            assert (len(rows_calls) > before) is on
+        finally:
+            engine.close()
+    assert len(outs[True]) == 5
+    assert [t for t, _ in outs[True]] == [t for t, _ in outs[False]]
+    assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(*outs.values(), strict=True))
