@@ -130,7 +130,8 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
     arrays = [mx.array(p) for p in lists]
     # Capacity n on both sides: the same batch composition, so the same tokens.
     attention = getattr(args, "batched_attention", "mlx")
-    config = BatchConfig(n, min(n, 8), step, attention=attention)
+    rows = getattr(args, "decode_step", "rows") == "rows"
+    config = BatchConfig(n, min(n, 8), step, attention=attention, decode_rows=rows)
     engine = Engine(bm.model, batch=n, prefill_step_size=step, batch_config=config)
     # The highest K ids (never EOS of a real vocab's low ids), banned on every stream.
     k = getattr(args, "ban_tokens", 0)
@@ -163,6 +164,7 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
         "streams": n,
         "banned_tokens": k,
         "batched_attention": attention,
+        "decode_step": "rows" if rows else "mlx",
         **scheme,
         **out,
         "summary": summary,

@@ -1,12 +1,12 @@
-"""B=1 host overhead: mlxd's per-token bookkeeping around the serial row's step, and its lone
-step over rows (model/lone_step.py), on a shape where the host dominates (qwen3-host cut to
+"""B=1 host overhead: mlxd's per-token bookkeeping around the serial row's step, and its step
+over 2-D rows (model/plain_rows.py), on a shape where the host dominates (qwen3-host cut to
 `--layers`, or any `--shape`), against mlx-lm's stream_generate.
 
     python -m mlxd.bench.probe_overhead --layers 1 --rounds 15
     python -m mlxd.bench.probe_overhead --shape qwen3-0.6b --rounds 20 --prompt-tokens 512
 
 Three sides alternate round by round (the order rotating): mlx-lm, mlxd, and mlxd with its
-lone step off (`mlxd/mlx-step`: mlx-lm's model call, `--lone-step mlx`). Prints each side's
+rows step off (`mlxd/mlx-step`: mlx-lm's model call, `--decode-step mlx`). Prints each side's
 per-token time (after the first token; medians over rounds), the per-round speed ratios
 (> 1 when the second side is faster) and, for mlxd, the per-token time spent outside
 `SerialRow.decode` (turns, events, the reader's loop): the part of a host-bound step that is
@@ -61,11 +61,11 @@ def _per_token(fn: Callable, bm: Any, prompt: mx.array, n: int) -> tuple[float, 
 def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> list[str]:
     bm = build_random(shape, "bfloat16")
     prompt = mx.array([1 + (i * 7919) % (bm.vocab_size - 1) for i in range(prompt_tokens)])
-    config = engine_for(bm.model).config  # the API's engine: its lone step set per side
+    config = engine_for(bm.model).config  # the API's engine: its rows step set per side
 
-    def mlxd_with(lone: bool) -> Callable:
+    def mlxd_with(rows: bool) -> Callable:
         def fn(*args: Any, **kwargs: Any) -> Iterator[Any]:
-            config.lone_step = lone  # read when the request's serial row is made
+            config.decode_rows = rows  # read when the request's serial row is made
             return mlxd_stream_generate(*args, **kwargs)
 
         return fn
@@ -82,7 +82,7 @@ def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> list[str]:
             times[name].append(per)
             if name == "mlxd":
                 outside.append(out)
-    config.lone_step = True
+    config.decode_rows = True
     lines = [
         f"{name}: {statistics.median(v):.1f} us per token [{min(v):.1f}-{max(v):.1f}]"
         for name, v in times.items()

@@ -46,6 +46,13 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         help="mlxd's batched decode attention, as `mlxd serve --batched-attention` (every "
         "mode but mlx changes bits on CUDA: its token check is reported, not enforced)",
     )
+    g.add_argument(
+        "--decode-step",
+        choices=("rows", "mlx"),
+        default="rows",
+        help="the --concurrent engine's one-token step, as `mlxd serve --decode-step` (the same "
+        "bits either way)",
+    )
 
 
 def _workload_group(p: argparse.ArgumentParser) -> None:

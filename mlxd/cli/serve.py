@@ -151,12 +151,13 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         "prompt) held once, not once per row (changes bits)",
     )
     g.add_argument(
-        "--lone-step",
+        "--decode-step",
         choices=("rows", "mlx"),
         default="rows",
-        help="a lone request's decode step: rows (mlx-lm's kernels over 2-D rows, with ~23 "
-        "fewer view nodes a layer for llama, qwen2, qwen3 and qwen3_moe models with unquantized "
-        "weights: less host time a token, the same bits) or mlx (mlx-lm's model call as it is)",
+        help="the one-token decode step of a lone request and of --batched-attention mlx's "
+        "batch: rows (mlx-lm's kernels over 2-D rows, ~23 fewer view nodes a layer for llama, "
+        "mistral, qwen2, qwen3 and qwen3_moe models with unquantized weights: less host time "
+        "a token, the same bits) or mlx (mlx-lm's model call as it is)",
     )
     g.add_argument(
         "--prefill-clear-cache",

@@ -68,8 +68,9 @@ class BatchConfig:
     # mx.clear_cache() after each prefill chunk (mlx-lm's, batch_prompt.py), a finished serial
     # row and a closed batch; off where a clear is slow (CUDA). Buffers only: the same bits.
     clear_cache: bool = True
-    # A lone row's one-token step over 2-D rows, fewer views (model/lone_step.py; same bits).
-    lone_step: bool = True
+    # One-token steps over 2-D rows, fewer views: the serial row's and the mlx mode's batch's
+    # (model/plain_rows.py; the same kernels and bits). Off: mlx-lm's model call as it is.
+    decode_rows: bool = True
     batch_sampling: bool | None = None  # rows' samplers in batched calls (None: where proven)
     prefill_tokens: int | None = None  # a wave's token budget (prompt_waves.py; None: rows only)
     phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)

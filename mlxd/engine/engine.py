@@ -1,6 +1,7 @@
 """The Engine: one thread owns all MLX work; callers submit requests and read events.
 
-A lone row runs on plain serial caches: mlx-lm's generate_step, op for op (`serial.py`).
+A lone row runs on plain serial caches: mlx-lm's generate_step, op for op (`serial.py`; its
+one-token steps over 2-D rows, fewer views, the same kernels: model/plain_rows.py).
 When a second row joins, the serial row hands its caches to the batched step (`batch.py`,
 mlx-lm's BatchGenerator pieces) and every row runs there until the batch drains. Requests the
 batched step cannot run (quantized KV, ...) run alone, never silently downgraded.
@@ -16,7 +17,7 @@ from typing import Any
 # mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
 from ..model.folded_attention import is_folded
 from ..model.folded_attention import unsupported as unfoldable
-from ..model.lone_step import LoneTwin
+from ..model.plain_rows import PlainRowsTwin
 from .admission import Admission, Overloaded
 from .arrivals import Arrivals, Ticket
 from .batch import BatchConfig, BatchedRows, batchable
@@ -97,7 +98,7 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         # The prefix store (layer 0), keyed by `namespace`: the model, its adapter, ...
         self.sharing = PrefixSharing(prefix_store, namespace) if prefix_store is not None else None
         self._serial: Serial | None = None
-        self._lone = LoneTwin()  # the model a serial row steps (row_model)
+        self._plain_rows = PlainRowsTwin()  # what step_model() hands out
         self._alone = False  # the serial row cannot share the batched step
         self._batches: dict[Any, BatchedRows] = {}  # by KV format (None: unquantized)
         self._forks: list[ForkJob] = []  # n > 1 prompts being prefilled once
@@ -118,9 +119,10 @@ class Engine(PrefixRows, Routing, Turns, Driving):
             raise RuntimeError("the model of this engine was garbage-collected")
         return model
 
-    def row_model(self) -> Any:
-        """The model a serial row steps: its lone twin (model/lone_step.py) unless it is off."""
-        return self._lone.of(self.model) if self.config.lone_step else self.model
+    def step_model(self) -> Any:
+        """The model a serial row and an mlx-mode batch step: its plain-rows twin
+        (model/plain_rows.py) unless that is off. Folded batches fold the model itself."""
+        return self._plain_rows.of(self.model) if self.config.decode_rows else self.model
 
     def submit(self, req: GenerationRequest, arrival: Ticket | None = None) -> RequestHandle:
         """`arrival`: the request's ticket from a server's `arrivals`, released as it queues."""

@@ -8,6 +8,7 @@ from typing import Any
 from mlx_lm.generate import generation_stream
 
 from ..kv.batch_quantized import batch_format, is_quantized
+from ..model.folded_attention import is_folded
 from .batch import BatchedRow, BatchedRows, batchable
 from .crossing import needs_own_prefill, quantizes
 from .fork import ForkJob
@@ -25,7 +26,7 @@ class Routing:
     _forks: list[ForkJob]
     _groups: dict[int, list[Any]]
     _driver: Any
-    row_model: Any
+    step_model: Any
 
     def _start(self, joiners: list) -> None:
         """Turn this round's joiners into rows: forks, a serial row, or batch joiners."""
@@ -49,7 +50,7 @@ class Routing:
             self._alone = solo
             self.paths["alone" if self._alone else "serial"] += 1
             try:
-                row = SerialRow(self.row_model(), req, generation_stream, plan,
+                row = SerialRow(self.step_model(), req, generation_stream, plan,
                                 self._snapshot(req, plan))  # fmt: skip
                 row.clears = self.config.clear_cache
                 row.keeps_key = handle is self._driver  # its drawn key, at hand for a hand-over
@@ -99,7 +100,8 @@ class Routing:
             by_format.setdefault(batch_format(cache), []).append(i)
         for fmt, idx in by_format.items():
             if fmt not in self._batches:
-                self._batches[fmt] = BatchedRows(self.model, self.config, self.sharing, fmt)
+                model = self.model if is_folded(self.config.attention) else self.step_model()
+                self._batches[fmt] = BatchedRows(model, self.config, self.sharing, fmt)
             parts = [[xs[i] for i in idx] for xs in (rows, prompts, caches, histories)]
             self._batches[fmt].insert(*parts)
 

@@ -158,7 +158,7 @@ class Turns:
         lone = [b for b in self._batches.values() if len(b)]
         if self.drain_to_serial and not self.admission.waiting and not self._forks:
             if self._serial is None and len(lone) == 1 and len(lone[0]) == 1:
-                if (serial := last_row_out(lone[0], self.row_model(), self._keys)) is not None:
+                if (serial := last_row_out(lone[0], self.step_model(), self._keys)) is not None:
                     serial[0].clears = self.config.clear_cache
                     self._serial = serial
                     self.paths["batched->serial"] += 1

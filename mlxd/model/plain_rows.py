@@ -1,13 +1,13 @@
-"""A lone row's decode step with fewer view nodes: mlx-lm's one-token step, the same kernels.
+"""mlx-lm's one-token decode step over 2-D rows: the same kernels, fewer view nodes.
 
-mlx-lm's one-token step (generate_step's, and mlxd's serial row's) passes (1, 1, D) through
-each block: each projection is a Flatten, a Transpose of its weight, the matmul and an
-Unflatten, and each head split a reshape and a transpose, ~30 views a layer that launch nothing
-but cost the host ~0.7-1.3 µs each (docs/performance.md, session 28). A small model's step is
-host-bound on every backend, so a lone agent pays them every token. Here each block steps on
-(B, D) rows as rows_step.py's folded step does, with mlx-lm's own attention call
-(`scaled_dot_product_attention`, no mask): the same kernels on the same memory, so the same
-bits (tests/model/test_lone_step.py).
+mlx-lm's one-token step (generate_step's, BatchGenerator's in the `mlx` attention mode) passes
+(B, 1, D) through each block: each projection is a Flatten, a Transpose of its weight, the
+matmul and an Unflatten, and each head split a reshape and a transpose, ~30 views a layer that
+launch nothing but cost the host ~0.7-1.3 µs each (docs/performance.md, sessions 28 and 34).
+A small model's step is host-bound on every backend, so a lone agent, or a batch of them, pays
+them every token. Here each block steps on (B, D) rows as rows_step.py's folded step does, with
+mlx-lm's own attention call (`scaled_dot_product_attention`, the mask as it came): the same
+kernels on the same memory, so the same bits (tests/model/test_plain_rows.py).
 """
 
 import copy
@@ -21,9 +21,9 @@ from mlx_lm.models.base import scaled_dot_product_attention
 from .rows_step import HeldLinear, HeldMLP, Projections, blocks, dense_mlps, rows_block
 
 
-class LoneAttention(nn.Module):
-    """Wraps one layer's attention: a one-token step with no mask runs over (B, D) rows
-    (`rows`); anything else goes to the original module, op for op."""
+class PlainRowsAttention(nn.Module):
+    """Wraps one layer's attention: a one-token step runs over (B, D) rows (`rows`); anything
+    else goes to the original module, op for op."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
@@ -34,11 +34,11 @@ class LoneAttention(nn.Module):
         return self.inner(x, mask, cache)
 
     def takes_rows(self, x: mx.array, mask: Any, cache: Any) -> bool:
-        """mlx-lm builds no mask for one token (`create_attention_mask`), so None means the
-        plain step; a cache is needed for the offset."""
-        return x.shape[1] == 1 and mask is None and cache is not None
+        """A one-token step (a cache gives the offset); the mask goes to mlx-lm's call as is:
+        None for one row, the batch's padding mask (B, 1, 1, L) for several."""
+        return x.shape[1] == 1 and cache is not None
 
-    def rows(self, x: mx.array, mask: None, cache: Any) -> mx.array:
+    def rows(self, x: mx.array, mask: Any, cache: Any) -> mx.array:
         """mlx-lm's attention over (B, D) rows: the heads reshaped straight to (B, H, 1, D), the
         same memory order as its transposed (B, 1, H, D) since the token axis has length 1."""
         a, p = self.inner, self.proj
@@ -50,21 +50,25 @@ class LoneAttention(nn.Module):
         v = v.reshape(B, a.n_kv_heads, 1, -1)
         q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
-        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=a.scale, mask=None)
+        out = scaled_dot_product_attention(q, k, v, cache=cache, scale=a.scale, mask=mask)
         return p.o(out.reshape(B, -1))
 
 
 def supports(model: Any) -> bool:
-    """Every block is one whose call is RowsStep's formula (llama, qwen2, qwen3, qwen3_moe)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
+    """An mlx-lm model as loaded (a Module holding its inner model, which holds its layers),
+    every block one whose call is RowsStep's formula (llama, qwen2, qwen3, qwen3_moe). A
+    wrapper that forwards attributes (a caller's own counting or scripted model) is stepped as
+    it is: a copy would bypass its call."""
+    inner = model.get("model") if isinstance(model, nn.Module) else None
+    layers = inner.get("layers") if isinstance(inner, nn.Module) else None
     return bool(layers) and all(type(layer) in blocks() for layer in layers)
 
 
-class LoneTwin:
-    """An engine's lone twin of its model: made on first use and again whenever a module or
-    weight it holds was replaced since (an adapter fused, the model quantized or updated after
-    the engine started), so a held transpose is never stale. The check is ~0.03 ms a request
-    at 28 layers, against ~1 ms to make the twin. It holds no reference to the model itself."""
+class PlainRowsTwin:
+    """An engine's plain-rows twin of its model: made on first use and again whenever a module
+    or weight it holds was replaced since (an adapter fused, the model quantized or updated
+    after the engine started), so a held transpose is never stale. The check is ~0.03 ms at 28
+    layers, against ~1 ms to make the twin. It holds no reference to the model itself."""
 
     def __init__(self) -> None:
         self._model: Any = None  # a weak reference to the model the twin was made from
@@ -74,15 +78,15 @@ class LoneTwin:
     def of(self, model: nn.Module) -> nn.Module:
         fresh = self._model is not None and self._model() is model
         if not (fresh and all(c[k] is v for c, k, v in self._held)):
-            self._twin = lone(model)  # the model itself where its blocks are not supported
+            self._twin = plain_rows(model)  # the model itself where its blocks are not supported
             self._held = _holdings(model) if self._twin is not model else []
             self._model = weakref.ref(model)
         return self._twin  # type: ignore[return-value]
 
 
 def _holdings(model: nn.Module) -> list[tuple[Any, Any, Any]]:
-    """What `lone(model)` read: the layers, their attention and MLP modules, the projections
-    and their weights and biases."""
+    """What `plain_rows(model)` read: the layers, their attention and MLP modules, the
+    projections and their weights and biases."""
     inner = model.model
     found: list[tuple[Any, Any, Any]] = [(inner, "layers", inner["layers"])]
     for i, layer in enumerate(inner["layers"]):
@@ -102,7 +106,7 @@ _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 
 
-def lone(model: nn.Module) -> nn.Module:
+def plain_rows(model: nn.Module) -> nn.Module:
     """A shallow copy of `model`, sharing its weights, whose one-token steps run over rows
     (held weight transposes, no head transposes); `model` itself when its blocks are not
     supported. Prefill chunks and anything else run the original modules."""
@@ -113,7 +117,7 @@ def lone(model: nn.Module) -> nn.Module:
     layers = []
     for layer in model.model.layers:
         twin = copy.copy(layer)
-        twin.self_attn = LoneAttention(layer.self_attn)
+        twin.self_attn = PlainRowsAttention(layer.self_attn)
         if type(layer.mlp) in dense_mlps():
             twin.mlp = HeldMLP(layer.mlp)
         layers.append(rows_block(twin))

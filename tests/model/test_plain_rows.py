@@ -1,5 +1,6 @@
-"""A lone row's one-token step over 2-D rows (mlxd/model/lone_step.py): mlx-lm's bits, fewer
-view nodes, and a twin that is made again when the model's modules or weights change.
+"""mlx-lm's one-token step over 2-D rows (mlxd/model/plain_rows.py): its bits for a lone row and
+for a padded batch, fewer view nodes, and a twin made again when the model's modules or weights
+change.
 
 The reference is the caller's model stepped as mlx-lm steps it (generate_step's loop: its own
 caches, a one-token call per step); the parity suite checks the engine's serial path against
@@ -9,7 +10,7 @@ the rows step keeps mlx-lm's kernels there (bench/h200/cuda_tests.sh)."""
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from fixtures.folded_models import PROMPTS, load_model, qwen2_model
+from fixtures.folded_models import PROMPTS, load_model, padded_decode, qwen2_model
 from mlx_lm.models import gemma3_text
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
@@ -17,22 +18,22 @@ from mlxd.bench.probe_ops import VIEWS, primitives
 from mlxd.engine.batch import BatchConfig
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
-from mlxd.model import lone_step as ls
+from mlxd.model import plain_rows as pr
 from mlxd.model import rows_step as rs
 
 
 @pytest.fixture
 def rows_calls(monkeypatch) -> list[int]:
-    """Counts the lone rows step's attention calls (so a test sees the 2-D path ran)."""
+    """Counts the rows step's attention calls (so a test sees the 2-D path ran)."""
     seen: list[int] = []
-    real = ls.LoneAttention.rows
+    real = pr.PlainRowsAttention.rows
 
     def spy(self, x, mask, cache):
-        assert x.ndim == 2 and mask is None
+        assert x.ndim == 2
         seen.append(1)
         return real(self, x, mask, cache)
 
-    monkeypatch.setattr(ls.LoneAttention, "rows", spy)
+    monkeypatch.setattr(pr.PlainRowsAttention, "rows", spy)
     return seen
 
 
@@ -47,14 +48,23 @@ def decode(model, steps: int, rows: int = 1, cache=None) -> mx.array:
 
 
 @pytest.mark.parametrize("rows", [1, 2])
-def test_the_lone_step_equals_mlx_lms_step_bit_for_bit(model, rows, rows_calls) -> None:
+def test_a_rows_step_equals_mlx_lms_step_bit_for_bit(model, rows, rows_calls) -> None:
     steps = 8
     ref = decode(model, steps, rows)
     assert rows_calls == []
-    twin = ls.lone(model)
+    twin = pr.plain_rows(model)
     assert twin is not model and twin.model.layers[0].self_attn.inner is model.layers[0].self_attn
     assert mx.array_equal(decode(twin, steps, rows), ref).item()
     assert len(rows_calls) == steps * len(model.layers)  # every decode step, every layer
+
+
+def test_a_padded_batch_step_equals_mlx_lms_bit_for_bit(model, rows_calls) -> None:
+    """BatchGenerator's `mlx` mode: left-padded rows under the batch caches' mask arrays, which
+    go to mlx-lm's attention call as they came."""
+    steps = 8
+    ref = padded_decode(model, steps, [0, 4, 9])
+    assert mx.array_equal(padded_decode(pr.plain_rows(model), steps, [0, 4, 9]), ref).item()
+    assert len(rows_calls) == steps * len(model.layers)
 
 
 @pytest.mark.parametrize("kind", ["quantized", "rotating"])
@@ -69,7 +79,7 @@ def test_quantized_and_rotating_caches_keep_their_bits(tiny_model, kind, rows_ca
         return [RotatingKVCache(max_size=14, keep=2) for _ in model.layers]
 
     ref = decode(model, 8, cache=cache())
-    assert mx.array_equal(decode(ls.lone(model), 8, cache=cache()), ref).item()
+    assert mx.array_equal(decode(pr.plain_rows(model), 8, cache=cache()), ref).item()
     assert rows_calls  # the rows step ran
 
 
@@ -79,14 +89,14 @@ def _step_graph(model):
     return primitives(model(mx.array([[3]]), cache=cache))
 
 
-def test_the_lone_step_drops_the_per_layer_views(tiny_model) -> None:
+def test_the_rows_step_drops_the_per_layer_views(tiny_model) -> None:
     """What it is for. Counted by hand from mlx-lm's qwen3 block: a layer's 7 projections are
     each a Flatten, a weight Transpose and an Unflatten around the matmul, and q, k, v and the
     output each a head Transpose; over rows none of those is left (the CPU's attention
     fallback keeps its own, the same in both)."""
     model = load_model(tiny_model, "qwen3")
     n = len(model.layers)
-    plain, rows = _step_graph(model), _step_graph(ls.lone(model))
+    plain, rows = _step_graph(model), _step_graph(pr.plain_rows(model))
     assert plain["Flatten"] - rows["Flatten"] == 7 * n
     assert plain["Unflatten"] - rows["Unflatten"] == 7 * n
     assert plain["Transpose"] - rows["Transpose"] == 11 * n
@@ -96,7 +106,7 @@ def test_the_lone_step_drops_the_per_layer_views(tiny_model) -> None:
 
 def test_the_twin_is_made_again_when_a_weight_or_module_changes(tiny_model) -> None:
     model = load_model(tiny_model, "qwen3")
-    twins = ls.LoneTwin()
+    twins = pr.PlainRowsTwin()
     first = twins.of(model)
     assert twins.of(model) is first  # nothing changed: the same twin
     attn = model.layers[0].self_attn
@@ -122,8 +132,34 @@ def test_a_model_it_does_not_know_is_stepped_as_it_is() -> None:
         sliding_window=8,
     )  # fmt: skip
     model = gemma3_text.Model(args)
-    assert not ls.supports(model)
-    assert ls.lone(model) is model and ls.LoneTwin().of(model) is model
+    assert not pr.supports(model)
+    assert pr.plain_rows(model) is model and pr.PlainRowsTwin().of(model) is model
+
+
+def test_a_wrapper_that_forwards_attributes_is_stepped_as_it_is(tiny_model) -> None:
+    """A caller's wrapper (counting calls, scripting outputs) keeps its own __call__: a twin
+    of what it wraps would bypass it."""
+
+    class Counting:
+        def __init__(self, inner) -> None:
+            self.inner, self.calls = inner, 0
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def __call__(self, *args, **kwargs):
+            self.calls += 1
+            return self.inner(*args, **kwargs)
+
+    class Holder(nn.Module):  # a Module whose `model` is a whole mlx-lm model, not its layers'
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.model = inner
+
+    inner = load_model(tiny_model, "qwen3")
+    assert pr.supports(inner)
+    for wrapper in (Counting(inner), Holder(inner)):
+        assert not pr.supports(wrapper) and pr.PlainRowsTwin().of(wrapper) is wrapper
 
 
 def test_a_held_mlp_is_the_mlp_bit_for_bit(tiny_model) -> None:
@@ -139,9 +175,9 @@ def test_the_engine_steps_a_lone_row_on_the_twin_unless_it_is_off(tiny_model, ro
     prompt = mx.array(PROMPTS[0])
     outs = {}
     for on in (True, False):
-        engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, lone_step=on))
+        engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, decode_rows=on))
         try:
-            assert (engine.row_model() is model) is not on
+            assert (engine.step_model() is model) is not on
             before = len(rows_calls)
             events = list(engine.submit(GenerationRequest(prompt=prompt, max_tokens=5)))
             outs[on] = [(e.token, e.logprobs) for e in events if e.token is not None]
@@ -151,3 +187,28 @@ def test_the_engine_steps_a_lone_row_on_the_twin_unless_it_is_off(tiny_model, ro
     assert len(outs[True]) == 5
     assert [t for t, _ in outs[True]] == [t for t, _ in outs[False]]
     assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(*outs.values(), strict=True))
+
+
+def test_the_engines_mlx_mode_batch_steps_on_the_twin_unless_it_is_off(
+    tiny_model, rows_calls
+) -> None:
+    """Three prompts submitted together decode as one batch (`mlx` attention): the same tokens
+    and logprob arrays with the rows step on and off, and on it ran with several rows."""
+    from fixtures.folded_models import PROMPTS as prompts
+
+    model = load_model(tiny_model, "llama")
+    outs = {}
+    for on in (True, False):
+        engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, decode_rows=on))
+        try:
+            before = len(rows_calls)
+            reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=6) for p in prompts]
+            handles = engine.submit_many(reqs)
+            outs[on] = [[(e.token, e.logprobs) for e in h if e.token is not None] for h in handles]
+            assert (len(rows_calls) > before) is on
+            assert engine.paths["batched"] == len(prompts)
+        finally:
+            engine.close()
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert len(a) == 6 and [t for t, _ in a] == [t for t, _ in b]
+        assert all(mx.array_equal(x, y).item() for (_, x), (_, y) in zip(a, b, strict=True))
