@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from ..kv import step_offsets
 from ..model.folded_attention import MODES, for_mode, is_shared, missing
+from ..model.plain_rows import plain_rows
 from .models import attention_dims, build_random, rows_parser
 from .probe_graphs import _caches
 
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         "--modes", nargs="+", type=_mode, default=here, metavar="MODE[@PARTS]",
         help=f"{', '.join(MODES)}; a +gemv mode may name its parts after @ (MLXD_GEMV_PARTS, "
         "e.g. folded+fused+gemv@qkv,o,gate_up,down,qk), so part sets alternate in one process; "
-        f"a mode may end in {THREE_D} (the folded modes' 3-D step, before model/rows_step.py) "
+        f"a mode may end in {THREE_D} (mlx-lm's 3-D step, before model/rows_step.py and, for "
+        "mlx, model/plain_rows.py) "
         f"and/or {PER_LAYER} (an offset add in every layer, as mlx-lm's step leaves)",
     )  # fmt: skip
     p.add_argument(
@@ -168,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # --modes suffixes: the step with mlx-lm's offset add in every layer (kv/step_offsets.py off);
-# the folded modes' 3-D step (model/rows_step.py off). Either or both, in this order.
+# the 3-D step (model/rows_step.py, or model/plain_rows.py for mlx, off). Either or both, in
+# this order.
 PER_LAYER = "/per-layer-offsets"
 THREE_D = "/3d"
 
@@ -200,6 +203,8 @@ def _shares(spec: str) -> bool:
 
 
 def _with_parts(model: Any, mode: str, parts: str, rows: bool) -> Any:
+    if mode == "mlx":  # mlxd's mlx-mode step over rows (model/plain_rows.py); /3d: mlx-lm's
+        return plain_rows(model) if rows else model
     if not parts:
         return for_mode(model, mode, rows)
     before = os.environ.get("MLXD_GEMV_PARTS")

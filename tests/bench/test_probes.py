@@ -217,6 +217,14 @@ def test_probe_ops_counts_a_steps_primitives_for_each_mode(capsys) -> None:
     # over 2-D rows (model/rows_step.py) a projection takes no view, a gemv two (rows as
     # vectors and back)
     assert views["folded+fused+gemv"] == views["folded+fused"] + 28 * 4 * 2
+    # mlx-lm's attention over rows (model/plain_rows.py) keeps the CPU fallback's own views,
+    # the 3-D step has 23 more a layer (7 projections' Flatten, Transpose and Unflatten, 4
+    # heads' transposes; less the rows step's reshape of the block's input and output)
+    probe_ops.main(["--shape", "qwen3-host", "--rows", "2", "--context", "24", "--steps", "2",
+                    "--modes", "mlx", "mlx/3d"])  # fmt: skip
+    plain = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    count = {mode: int(re.search(r"views +(\d+)", line)[1]) for mode, line in plain.items()}
+    assert count["mlx/3d"] - count["mlx"] == 28 * 23
 
 
 def test_probe_ops_alternates_modes_block_by_block(capsys) -> None:
@@ -270,6 +278,9 @@ def test_probe_ops_suffixes_pick_the_3d_step_and_per_layer_offsets() -> None:
     assert isinstance(probe_ops.model_for(model, "folded+fused").model.layers[0], RowsStep)
     three_d = probe_ops.model_for(model, "folded+fused/3d").model.layers[0]
     assert not isinstance(three_d, RowsStep) and three_d.self_attn.qkv is not None
+    # mlx: mlxd's step over rows (model/plain_rows.py); mlx/3d: mlx-lm's model as it is
+    assert isinstance(probe_ops.model_for(model, "mlx").model.layers[0], RowsStep)
+    assert probe_ops.model_for(model, "mlx/3d") is model
     with pytest.raises(ValueError):
         probe_ops._mode("folded+fused/per-layer-offsets/3d")  # the suffixes' order is fixed
 
