@@ -119,11 +119,6 @@ class Engine(PrefixRows, Routing, Turns, Driving):
             raise RuntimeError("the model of this engine was garbage-collected")
         return model
 
-    def step_model(self) -> Any:
-        """The model a serial row and an mlx-mode batch step: its plain-rows twin
-        (model/plain_rows.py) unless that is off. Folded batches fold the model itself."""
-        return self._plain_rows.of(self.model) if self.config.decode_rows else self.model
-
     def submit(self, req: GenerationRequest, arrival: Ticket | None = None) -> RequestHandle:
         """`arrival`: the request's ticket from a server's `arrivals`, released as it queues."""
         return self._submit([req], [RequestHandle()], arrival)[0]

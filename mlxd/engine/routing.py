@@ -26,7 +26,14 @@ class Routing:
     _forks: list[ForkJob]
     _groups: dict[int, list[Any]]
     _driver: Any
-    step_model: Any
+    _plain_rows: Any
+    config: Any
+    model: Any
+
+    def step_model(self) -> Any:
+        """The model a serial row and an mlx-mode batch step: its plain-rows twin
+        (model/plain_rows.py) unless that is off. Folded batches fold the model itself."""
+        return self._plain_rows.of(self.model) if self.config.decode_rows else self.model
 
     def _start(self, joiners: list) -> None:
         """Turn this round's joiners into rows: forks, a serial row, or batch joiners."""

@@ -212,3 +212,25 @@ def test_the_engines_mlx_mode_batch_steps_on_the_twin_unless_it_is_off(
     for a, b in zip(outs[True], outs[False], strict=True):
         assert len(a) == 6 and [t for t, _ in a] == [t for t, _ in b]
         assert all(mx.array_equal(x, y).item() for (_, x), (_, y) in zip(a, b, strict=True))
+
+
+def test_a_dropped_model_is_freed_and_its_engine_closed(tiny_model) -> None:
+    """The Python API's engine holds the twin, which must not keep the model itself alive (the
+    engine closes when the model is collected: engine/registry.py)."""
+    import gc
+    import weakref
+
+    from mlx_lm import load
+
+    from mlxd.engine import registry
+    from mlxd.engine.api import stream_generate
+
+    model, tokenizer = load(str(tiny_model("qwen3")))
+    out = [r.token for r in stream_generate(model, tokenizer, mx.array(PROMPTS[0]), max_tokens=3)]
+    assert len(out) == 3
+    key, engine = id(model), registry._engines[id(model)]
+    assert engine.step_model() is not model  # the twin was made and is held
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None and key not in registry._engines
