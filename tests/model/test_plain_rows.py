@@ -234,3 +234,19 @@ def test_a_dropped_model_is_freed_and_its_engine_closed(tiny_model) -> None:
     del model
     gc.collect()
     assert ref() is None and key not in registry._engines
+
+
+@pytest.mark.parametrize("flag", [None, "rows", "mlx"])
+def test_serve_takes_the_decode_step(tiny_model, tmp_path, flag) -> None:
+    from mlxd.cli import build_parser
+    from mlxd.serve.main import make_state
+
+    flags = ["--model", str(tiny_model("qwen3")), "--data-dir", str(tmp_path)]
+    flags += [] if flag is None else ["--decode-step", flag]
+    state = make_state(build_parser().parse_args(["serve", *flags]))
+    try:
+        engine = state.provider.default.engine
+        assert engine.config.decode_rows is (flag != "mlx")  # rows by default
+        assert (engine.step_model() is engine.model) is (flag == "mlx")
+    finally:
+        state.provider.close()
