@@ -21,7 +21,7 @@ from . import row_gemv
 from .aligned_keys import AlignedMasks, aligned, key_alignment
 from .decode_kernel import available, flash_attention, supports
 from .fused_projections import Stacked, fused_mlp, stacked_qkv
-from .rows_step import Projections, StepConstants, rows_block
+from .rows_step import Projections, StepConstants, heads_rows, rows_block
 from .shared_attention import shared_prefix_attention
 
 # Architectures whose attention is the standard q/k/v projection, optional q/k RMSNorm, RoPE at
@@ -220,13 +220,8 @@ class FoldedAttention(nn.Module):
         weights' transposes and the attention's constants held (rows_step.py)."""
         a, p = self.inner, self.proj
         B = x.shape[0]
-        q, k, v = self.qkv(x) if self.qkv is not None else (p.q(x), p.k(x), p.v(x))
-        q, k = q.reshape(B, a.n_heads, 1, -1), k.reshape(B, a.n_kv_heads, 1, -1)
-        if hasattr(a, "q_norm"):  # qwen3
-            q, k = a.q_norm(q), a.k_norm(k)
-        v = v.reshape(B, a.n_kv_heads, 1, -1)
-        q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
-        k, v = cache.update_and_fetch(k, v)
+        qkv = self.qkv(x) if self.qkv is not None else (p.q(x), p.k(x), p.v(x))
+        q, k, v = heads_rows(a, *qkv, cache)
         if self.align > 1:
             k, v, mask = aligned(self.align, cache, k, v, mask, self.masks)
         out = attention(q, k, v, a.scale, mask, B <= self.gemv_qk_rows, self.constants)

@@ -18,7 +18,15 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
 
-from .rows_step import HeldLinear, HeldMLP, Projections, blocks, dense_mlps, rows_block
+from .rows_step import (
+    HeldLinear,
+    HeldMLP,
+    Projections,
+    blocks,
+    dense_mlps,
+    heads_rows,
+    rows_block,
+)
 
 
 class PlainRowsAttention(nn.Module):
@@ -39,19 +47,11 @@ class PlainRowsAttention(nn.Module):
         return x.shape[1] == 1 and cache is not None
 
     def rows(self, x: mx.array, mask: Any, cache: Any) -> mx.array:
-        """mlx-lm's attention over (B, D) rows: the heads reshaped straight to (B, H, 1, D), the
-        same memory order as its transposed (B, 1, H, D) since the token axis has length 1."""
+        """mlx-lm's attention over (B, D) rows (rows_step.heads_rows), its own call after."""
         a, p = self.inner, self.proj
-        B = x.shape[0]
-        q, k, v = p.q(x), p.k(x), p.v(x)
-        q, k = q.reshape(B, a.n_heads, 1, -1), k.reshape(B, a.n_kv_heads, 1, -1)
-        if hasattr(a, "q_norm"):  # qwen3
-            q, k = a.q_norm(q), a.k_norm(k)
-        v = v.reshape(B, a.n_kv_heads, 1, -1)
-        q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
-        k, v = cache.update_and_fetch(k, v)
+        q, k, v = heads_rows(a, p.q(x), p.k(x), p.v(x), cache)
         out = scaled_dot_product_attention(q, k, v, cache=cache, scale=a.scale, mask=mask)
-        return p.o(out.reshape(B, -1))
+        return p.o(out.reshape(x.shape[0], -1))
 
 
 def supports(model: Any) -> bool:

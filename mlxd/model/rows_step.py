@@ -46,6 +46,21 @@ class Projections:
         )
 
 
+def heads_rows(a: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any) -> tuple:
+    """An attention module `a`'s one-token step from projected (B, H*D) rows to the keys and
+    values in its cache: the heads reshaped straight to (B, H, 1, D) (the same memory order as
+    mlx-lm's transposed (B, 1, H, D), since the token axis has length 1), qwen3's q/k norms,
+    RoPE at the cache's offset, the cache update. Returns (q, keys, values)."""
+    B = q.shape[0]
+    q, k = q.reshape(B, a.n_heads, 1, -1), k.reshape(B, a.n_kv_heads, 1, -1)
+    if hasattr(a, "q_norm"):  # qwen3
+        q, k = a.q_norm(q), a.k_norm(k)
+    v = v.reshape(B, a.n_kv_heads, 1, -1)
+    q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
+    k, v = cache.update_and_fetch(k, v)
+    return q, k, v
+
+
 class HeldMLP(nn.Module):
     """Wraps a dense swiglu MLP (`dense_mlps()`): over 2-D rows (`rows`) its three projections
     take held transposes, the same formula, down(swiglu(gate(x), up(x))); anything else goes

@@ -10,7 +10,13 @@ the rows step keeps mlx-lm's kernels there (bench/h200/cuda_tests.sh)."""
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from fixtures.folded_models import PROMPTS, load_model, padded_decode, qwen2_model
+from fixtures.folded_models import (
+    PROMPTS,
+    count_rows_calls,
+    load_model,
+    padded_decode,
+    qwen2_model,
+)
 from mlx_lm.models import gemma3_text
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
@@ -24,17 +30,8 @@ from mlxd.model import rows_step as rs
 
 @pytest.fixture
 def rows_calls(monkeypatch) -> list[int]:
-    """Counts the rows step's attention calls (so a test sees the 2-D path ran)."""
-    seen: list[int] = []
-    real = pr.PlainRowsAttention.rows
-
-    def spy(self, x, mask, cache):
-        assert x.ndim == 2
-        seen.append(1)
-        return real(self, x, mask, cache)
-
-    monkeypatch.setattr(pr.PlainRowsAttention, "rows", spy)
-    return seen
+    """Counts the plain rows step's attention calls."""
+    return count_rows_calls(monkeypatch, pr.PlainRowsAttention)
 
 
 def decode(model, steps: int, rows: int = 1, cache=None) -> mx.array:

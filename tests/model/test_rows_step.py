@@ -9,7 +9,7 @@ on MLX-CUDA this file is the check that the rows step keeps the 3-D step's kerne
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from fixtures.folded_models import load_model, padded_decode
+from fixtures.folded_models import count_rows_calls, load_model, padded_decode
 from mlx_lm.models.cache import BatchKVCache
 
 from mlxd.bench.probe_ops import VIEWS, primitives
@@ -20,17 +20,8 @@ from mlxd.model import rows_step as rs
 
 @pytest.fixture
 def rows_calls(monkeypatch) -> list[int]:
-    """Counts the rows steps' attention calls (so a test sees the 2-D path ran)."""
-    seen: list[int] = []
-    real = fa.FoldedAttention.rows
-
-    def spy(self, x, mask, cache):
-        assert x.ndim == 2
-        seen.append(1)
-        return real(self, x, mask, cache)
-
-    monkeypatch.setattr(fa.FoldedAttention, "rows", spy)
-    return seen
+    """Counts the folded rows step's attention calls."""
+    return count_rows_calls(monkeypatch, fa.FoldedAttention)
 
 
 @pytest.mark.parametrize("fuse", [False, True], ids=["folded", "folded+fused"])
