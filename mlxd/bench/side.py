@@ -71,7 +71,11 @@ class ServedSide:
     def round(self, n: int, r: int) -> None:
         """Round r of N agents (its generate_step bound first where N is 1)."""
         if self.bound is not None and n == 1:
-            self.out.setdefault("baseline", []).append(self.bound())
+            b = self.bound()
+            self.out.setdefault("baseline", []).append(b)
+            # Printed now: a run killed at a time limit keeps each round's bound in its log.
+            got = f"ITL p50 {b['itl_p50_ms']:.2f} ms" if "itl_p50_ms" in b else "failed"
+            print(f"[generate_step] before round {r}: {got}", file=sys.stderr, flush=True)
         run = run_one(self.srv, self.sampler, self.wls[n, r], r)
         self.out["runs"].setdefault(str(n), []).append(run)
 
@@ -96,7 +100,8 @@ def run_one(srv: Server, sampler: RSSSampler, wl: Workload, r: int) -> dict[str,
     print(
         f"[{LABEL[srv.side]}] N={wl.agents} round {r}: {fig['output_tokens']} tokens in "
         f"{wall:.2f} s = {fig['output_tok_s']:.1f} tok/s, TTFT p50 {fig['ttft_p50_s'] or 0:.3f} s,"
-        f" peak RSS {fig['peak_rss_gb']:.3f} GB, errors {fig['errors']}{split}",
+        f" ITL p50 {fig['itl_p50_ms'] or 0:.2f} ms, peak RSS {fig['peak_rss_gb']:.3f} GB,"
+        f" errors {fig['errors']}{split}",
         file=sys.stderr,
         flush=True,
     )

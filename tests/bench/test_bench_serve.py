@@ -17,7 +17,9 @@ from mlxd.cli import main
 AGENTS, TURNS, MAX_TOKENS = (1, 2), 2, 8
 
 
-def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[..., Path]) -> None:
+def test_bench_serve_tiny_both_servers(
+    tmp_path: Path, tiny_model: Callable[..., Path], capsys
+) -> None:
     out, md, png = tmp_path / "serve.json", tmp_path / "serve.md", tmp_path / "serve.png"
     argv = ["bench", "serve", "--model", str(tiny_model("qwen3")), "--agents", "1,2"]
     argv += ["--turns", str(TURNS), "--max-tokens", str(MAX_TOKENS), "--system-tokens", "200"]
@@ -80,6 +82,16 @@ def test_bench_serve_tiny_both_servers(tmp_path: Path, tiny_model: Callable[...,
     assert "1 agent, ITL p50 against mlx-lm generate_step alone" in table
     cells = table.rsplit("generate_step alone", 1)[1]
     assert "mlxd " in cells and cells.count(", per round ") == 2
+    # Each round's ITL and bound are in the log as they are measured (a run killed at a time
+    # limit keeps them): the round lines carry the JSON's ITL, each bound its own line.
+    err = capsys.readouterr().err.splitlines()
+    for side, label in (("mlx_lm", "[mlx-lm]"), ("mlxd", "[mlxd]")):
+        fig = result["sides"][side]["runs"]["1"][0]["figures"]
+        (line,) = [x for x in err if x.startswith(f"{label} N=1 round 0:")]
+        assert f"ITL p50 {fig['itl_p50_ms']:.2f} ms," in line
+    bounds = [x for x in err if x.startswith("[generate_step] before round 0: ITL p50 ")]
+    runs = [data["baseline"][0]["itl_p50_ms"] for data in result["sides"].values()]
+    assert bounds == [f"[generate_step] before round 0: ITL p50 {v:.2f} ms" for v in runs]
 
 
 def test_bench_serve_interleaved_runs_round_r_on_each_server_in_turn(
