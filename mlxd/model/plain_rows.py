@@ -18,10 +18,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
 
+from .gemma_rows import GemmaMLP, GemmaRowsStep, gemma_blocks, gemma_mlps
 from .rows_step import (
     HeldLinear,
     HeldMLP,
     Projections,
+    RowsStep,
     blocks,
     dense_mlps,
     heads_rows,
@@ -55,13 +57,28 @@ class PlainRowsAttention(nn.Module):
 
 
 def supports(model: Any) -> bool:
-    """An mlx-lm model as loaded (a Module holding its inner model, which holds its layers),
-    every block one whose call is RowsStep's formula (llama, qwen2, qwen3, qwen3_moe). A
-    wrapper that forwards attributes (a caller's own counting or scripted model) is stepped as
-    it is: a copy would bypass its call."""
-    inner = model.get("model") if isinstance(model, nn.Module) else None
-    layers = inner.get("layers") if isinstance(inner, nn.Module) else None
-    return bool(layers) and all(type(layer) in blocks() for layer in layers)
+    """An mlx-lm model as loaded (a Module holding its inner model, which holds its layers; or
+    the text side of a multimodal one: qwen2_vl, qwen3_vl, pixtral, mistral3, gemma3), every
+    block one whose call is RowsStep's formula (llama, qwen2, qwen3, qwen3_moe) or Gemma 3's.
+    A wrapper that forwards attributes (a caller's own counting or scripted model) is stepped
+    as it is: a copy would bypass its call."""
+    return _path(model) is not None
+
+
+_PATHS = (("model",), ("language_model", "model"))  # where mlx-lm's models hold their layers
+
+
+def _path(model: Any) -> tuple[str, ...] | None:
+    """The attribute path from `model` to the module holding its layers, read as a dict (a
+    Module's children), so forwarded attributes are not followed."""
+    for path in _PATHS:
+        node = model
+        for name in path:
+            node = node.get(name) if isinstance(node, nn.Module) else None
+        layers = node.get("layers") if isinstance(node, nn.Module) else None
+        if layers and all(type(layer) in blocks() + gemma_blocks() for layer in layers):
+            return path
+    return None
 
 
 class PlainRowsTwin:
@@ -73,11 +90,11 @@ class PlainRowsTwin:
     def __init__(self) -> None:
         self._model: Any = None  # a weak reference to the model the twin was made from
         self._twin: nn.Module | None = None
-        self._held: list[tuple[Any, Any, Any]] = []  # (container, key, what it held)
+        self._held: list[tuple[Any, Any, Any]] = []  # (container, None: the model; key; child)
 
     def of(self, model: nn.Module) -> nn.Module:
         fresh = self._model is not None and self._model() is model
-        if not (fresh and all(c[k] is v for c, k, v in self._held)):
+        if not (fresh and all((c or model)[k] is v for c, k, v in self._held)):
             self._twin = plain_rows(model)  # the model itself where its blocks are not supported
             self._held = _holdings(model) if self._twin is not model else []
             self._model = weakref.ref(model)
@@ -85,10 +102,14 @@ class PlainRowsTwin:
 
 
 def _holdings(model: nn.Module) -> list[tuple[Any, Any, Any]]:
-    """What `plain_rows(model)` read: the layers, their attention and MLP modules, the
-    projections and their weights and biases."""
-    inner = model.model
-    found: list[tuple[Any, Any, Any]] = [(inner, "layers", inner["layers"])]
+    """What `plain_rows(model)` read: the modules down to the layers, the layers, their
+    attention and MLP modules, the projections and their weights and biases."""
+    found: list[tuple[Any, Any, Any]] = []
+    inner = model
+    for name in _path(model) or ():  # the model itself as None: the twin must not keep it alive
+        found.append((None if inner is model else inner, name, inner[name]))
+        inner = inner[name]
+    found.append((inner, "layers", inner["layers"]))
     for i, layer in enumerate(inner["layers"]):
         found.append((inner["layers"], i, layer))
         for part, names in (("self_attn", _ATTN), ("mlp", _MLP)):
@@ -110,23 +131,26 @@ def plain_rows(model: nn.Module) -> nn.Module:
     """A shallow copy of `model`, sharing its weights, whose one-token steps run over rows
     (held weight transposes, no head transposes); `model` itself when its blocks are not
     supported. Prefill chunks and anything else run the original modules."""
-    if not supports(model):
+    if (path := _path(model)) is None:
         return model
-    shadow = copy.copy(model)
-    inner = copy.copy(model.model)
+    root = shadow = copy.copy(model)
+    original = model
+    for name in path:  # a copy of each module down to the layers' holder, sharing weights
+        setattr(shadow, name, copy.copy(original[name]))
+        shadow, original = shadow[name], original[name]
     layers = []
-    for layer in model.model.layers:
+    for layer in original.layers:
         twin = copy.copy(layer)
         twin.self_attn = PlainRowsAttention(layer.self_attn)
-        if type(layer.mlp) in dense_mlps():
-            twin.mlp = HeldMLP(layer.mlp)
-        layers.append(rows_block(twin))
-    inner.layers = layers
-    shadow.model = inner
+        gemma = type(layer) in gemma_blocks()
+        if type(layer.mlp) in (gemma_mlps() if gemma else dense_mlps()):
+            twin.mlp = (GemmaMLP if gemma else HeldMLP)(layer.mlp)
+        layers.append(rows_block(twin, GemmaRowsStep if gemma else RowsStep))
+    shadow.layers = layers
     # The held transposes are views: evaluated here, on the thread that made them, they launch
     # nothing, and any thread can step the twin (MLX streams are per thread: engine/drive.py).
     mx.eval([h.wt for h in _held_linears(layers)])
-    return shadow
+    return root
 
 
 def _held_linears(layers: list[Any]) -> list[HeldLinear]:

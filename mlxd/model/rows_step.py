@@ -149,16 +149,17 @@ def blocks() -> tuple[type, ...]:
             qwen3_moe.Qwen3MoeDecoderLayer)  # fmt: skip
 
 
-_classes: dict[type, type] = {}
+_classes: dict[tuple[type, type], type] = {}
 
 
-def rows_block(twin: Any) -> Any:
-    """`twin` (a shallow copy of one of `blocks()`) with RowsStep mixed into its class, so it
-    keeps every attribute its model reads (`self_attn`, `mlp`, llama's `use_sliding`)."""
+def rows_block(twin: Any, step: type = RowsStep) -> Any:
+    """`twin` (a shallow copy of a block whose call is `step`'s formula: one of `blocks()` for
+    RowsStep) with `step` mixed into its class, so it keeps every attribute its model reads
+    (`self_attn`, `mlp`, llama's `use_sliding`)."""
     base = type(twin)
-    if base not in blocks():
+    if step is RowsStep and base not in blocks():
         return twin
-    if (cls := _classes.get(base)) is None:
-        cls = _classes[base] = type(f"Rows{base.__name__}", (RowsStep, base), {})
+    if (cls := _classes.get((base, step))) is None:
+        cls = _classes[base, step] = type(f"Rows{base.__name__}", (step, base), {})
     twin.__class__ = cls
     return twin

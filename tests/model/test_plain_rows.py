@@ -17,7 +17,6 @@ from fixtures.folded_models import (
     padded_decode,
     qwen2_model,
 )
-from mlx_lm.models import gemma3_text
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from mlxd.bench.probe_ops import VIEWS, primitives
@@ -26,6 +25,7 @@ from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.model import plain_rows as pr
 from mlxd.model import rows_step as rs
+from mlxd.model.gemma_rows import GemmaMLP
 
 
 @pytest.fixture
@@ -86,12 +86,13 @@ def _step_graph(model):
     return primitives(model(mx.array([[3]]), cache=cache))
 
 
-def test_the_rows_step_drops_the_per_layer_views(tiny_model) -> None:
-    """What it is for. Counted by hand from mlx-lm's qwen3 block: a layer's 7 projections are
-    each a Flatten, a weight Transpose and an Unflatten around the matmul, and q, k, v and the
-    output each a head Transpose; over rows none of those is left (the CPU's attention
-    fallback keeps its own, the same in both)."""
-    model = load_model(tiny_model, "qwen3")
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_the_rows_step_drops_the_per_layer_views(tiny_model, arch) -> None:
+    """What it is for. Counted by hand from mlx-lm's qwen3 block (Gemma 3's has the same): a
+    layer's 7 projections are each a Flatten, a weight Transpose and an Unflatten around the
+    matmul, and q, k, v and the output each a head Transpose; over rows none of those is left
+    (the CPU's attention fallback keeps its own, the same in both)."""
+    model = load_model(tiny_model, arch)
     n = len(model.layers)
     plain, rows = _step_graph(model), _step_graph(pr.plain_rows(model))
     assert plain["Flatten"] - rows["Flatten"] == 7 * n
@@ -122,15 +123,58 @@ def test_the_twin_is_made_again_when_a_weight_or_module_changes(tiny_model) -> N
     assert mx.array_equal(decode(twins.of(other), 4), decode(other, 4)).item()
 
 
-def test_a_model_it_does_not_know_is_stepped_as_it_is() -> None:
-    args = gemma3_text.ModelArgs(
-        model_type="gemma3_text", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=256,
-        sliding_window=8,
-    )  # fmt: skip
-    model = gemma3_text.Model(args)
+def test_a_model_it_does_not_know_is_stepped_as_it_is(tiny_model) -> None:
+    model = load_model(tiny_model, "phi3")  # fused qkv and gate_up projections
     assert not pr.supports(model)
     assert pr.plain_rows(model) is model and pr.PlainRowsTwin().of(model) is model
+
+
+def test_gemma3s_rows_step_equals_mlx_lms_bit_for_bit(tiny_model, rows_calls) -> None:
+    """Gemma 3's own block (four norms, clipped residuals, a gelu-gated MLP: gemma_rows.py):
+    its 16-token sliding layers' rotating caches wrap while decoding, 1 and 2 rows."""
+    model = load_model(tiny_model, "gemma3")
+    twin = pr.plain_rows(model)
+    assert isinstance(twin.model.layers[0].mlp, GemmaMLP)
+    for rows in (1, 2):
+        before = len(rows_calls)
+        ref = decode(model, 10, rows)
+        assert mx.array_equal(decode(twin, 10, rows), ref).item()
+        assert len(rows_calls) - before == 10 * len(model.layers)
+
+
+def _text_side(tiny_model, arch: str, module) -> nn.Module:
+    """mlx-lm's model of a multimodal checkpoint (module.Model: the text model as its
+    `language_model`) around the tiny `arch` model, as its loader builds it."""
+    import json
+
+    text = load_model(tiny_model, arch)
+    config = json.loads((tiny_model(arch) / "config.json").read_text())
+    args = module.ModelArgs(model_type=module.__name__.rsplit(".")[-1], text_config=config)
+    if hasattr(args, "vocab_size"):
+        args.vocab_size = config["vocab_size"]
+    outer = module.Model(args)
+    outer.language_model = text
+    return outer
+
+
+@pytest.mark.parametrize("arch,kind", [("qwen3", "qwen3_vl"), ("gemma3", "gemma3")])
+def test_a_multimodal_models_text_side_takes_the_rows_step(tiny_model, arch, kind, rows_calls):
+    """qwen3_vl, gemma3 (and qwen2_vl, pixtral, mistral3) hold the text model as
+    `language_model`: its layers step over rows, with the same bits, and the twin is made
+    again when the text model is replaced."""
+    import importlib
+
+    outer = _text_side(tiny_model, arch, importlib.import_module(f"mlx_lm.models.{kind}"))
+    twins = pr.PlainRowsTwin()
+    twin = twins.of(outer)
+    assert twin is not outer and type(twin) is type(outer)
+    assert twin.language_model.model.layers[0].self_attn.inner is outer.layers[0].self_attn
+    assert mx.array_equal(decode(twin, 6), decode(outer, 6)).item()
+    assert len(rows_calls) == 6 * len(outer.layers)
+    assert twins.of(outer) is twin
+    outer.language_model = load_model(tiny_model, arch)
+    again = twins.of(outer)
+    assert again is not twin and again.layers[0].self_attn.inner is outer.layers[0].self_attn
 
 
 def test_a_wrapper_that_forwards_attributes_is_stepped_as_it_is(tiny_model) -> None:
@@ -167,8 +211,11 @@ def test_a_held_mlp_is_the_mlp_bit_for_bit(tiny_model) -> None:
     assert mx.array_equal(held(x[:, None]), mlp(x[:, None])).item()  # 3-D: the module itself
 
 
-def test_the_engine_steps_a_lone_row_on_the_twin_unless_it_is_off(tiny_model, rows_calls) -> None:
-    model = load_model(tiny_model, "qwen3")
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_the_engine_steps_a_lone_row_on_the_twin_unless_it_is_off(
+    tiny_model, arch, rows_calls
+) -> None:
+    model = load_model(tiny_model, arch)
     prompt = mx.array(PROMPTS[0])
     outs = {}
     for on in (True, False):
@@ -186,14 +233,15 @@ def test_the_engine_steps_a_lone_row_on_the_twin_unless_it_is_off(tiny_model, ro
     assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(*outs.values(), strict=True))
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_the_engines_mlx_mode_batch_steps_on_the_twin_unless_it_is_off(
-    tiny_model, rows_calls
+    tiny_model, arch, rows_calls
 ) -> None:
     """Three prompts submitted together decode as one batch (`mlx` attention): the same tokens
     and logprob arrays with the rows step on and off, and on it ran with several rows."""
     from fixtures.folded_models import PROMPTS as prompts
 
-    model = load_model(tiny_model, "llama")
+    model = load_model(tiny_model, arch)
     outs = {}
     for on in (True, False):
         engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, decode_rows=on))
