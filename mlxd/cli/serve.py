@@ -156,7 +156,7 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         default="rows",
         help="the one-token decode step of a lone request and of --batched-attention mlx's "
         "batch: rows (mlx-lm's kernels over 2-D rows, ~23 fewer view nodes a layer for llama, "
-        "mistral, qwen2, qwen3, qwen3_moe and gemma3 models with unquantized weights: less "
+        "mistral, qwen2, qwen3, qwen3_moe, gemma3 and phi3 models with unquantized weights: less "
         "host time a token, the same bits) or mlx (mlx-lm's model call as it is)",
     )
     g.add_argument(

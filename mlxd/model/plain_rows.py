@@ -19,6 +19,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import scaled_dot_product_attention
 
 from .gemma_rows import GemmaMLP, GemmaRowsStep, gemma_blocks, gemma_mlps
+from .phi_rows import PhiMLP, PhiRowsAttention, phi_blocks
 from .rows_step import (
     HeldLinear,
     HeldMLP,
@@ -59,9 +60,9 @@ class PlainRowsAttention(nn.Module):
 def supports(model: Any) -> bool:
     """An mlx-lm model as loaded (a Module holding its inner model, which holds its layers; or
     the text side of a multimodal one: qwen2_vl, qwen3_vl, pixtral, mistral3, gemma3), every
-    block one whose call is RowsStep's formula (llama, qwen2, qwen3, qwen3_moe) or Gemma 3's.
-    A wrapper that forwards attributes (a caller's own counting or scripted model) is stepped
-    as it is: a copy would bypass its call."""
+    block one whose call is RowsStep's formula (llama, qwen2, qwen3, qwen3_moe), Gemma 3's or
+    Phi-3's. A wrapper that forwards attributes (a caller's own counting or scripted model) is
+    stepped as it is: a copy would bypass its call."""
     return _path(model) is not None
 
 
@@ -76,7 +77,7 @@ def _path(model: Any) -> tuple[str, ...] | None:
         for name in path:
             node = node.get(name) if isinstance(node, nn.Module) else None
         layers = node.get("layers") if isinstance(node, nn.Module) else None
-        if layers and all(type(layer) in blocks() + gemma_blocks() for layer in layers):
+        if layers and all(type(layer) in _known() for layer in layers):
             return path
     return None
 
@@ -101,6 +102,10 @@ class PlainRowsTwin:
         return self._twin  # type: ignore[return-value]
 
 
+def _known() -> tuple[type, ...]:
+    return blocks() + gemma_blocks() + phi_blocks()
+
+
 def _holdings(model: nn.Module) -> list[tuple[Any, Any, Any]]:
     """What `plain_rows(model)` read: the modules down to the layers, the layers, their
     attention and MLP modules, the projections and their weights and biases."""
@@ -123,8 +128,8 @@ def _holdings(model: nn.Module) -> list[tuple[Any, Any, Any]]:
     return found
 
 
-_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
-_MLP = ("gate_proj", "up_proj", "down_proj")
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 
 
 def plain_rows(model: nn.Module) -> nn.Module:
@@ -140,12 +145,7 @@ def plain_rows(model: nn.Module) -> nn.Module:
         shadow, original = shadow[name], original[name]
     layers = []
     for layer in original.layers:
-        twin = copy.copy(layer)
-        twin.self_attn = PlainRowsAttention(layer.self_attn)
-        gemma = type(layer) in gemma_blocks()
-        if type(layer.mlp) in (gemma_mlps() if gemma else dense_mlps()):
-            twin.mlp = (GemmaMLP if gemma else HeldMLP)(layer.mlp)
-        layers.append(rows_block(twin, GemmaRowsStep if gemma else RowsStep))
+        layers.append(_rows_twin(layer))
     shadow.layers = layers
     # The held transposes are views: evaluated here, on the thread that made them, they launch
     # nothing, and any thread can step the twin (MLX streams are per thread: engine/drive.py).
@@ -153,8 +153,24 @@ def plain_rows(model: nn.Module) -> nn.Module:
     return root
 
 
+def _rows_twin(layer: Any) -> Any:
+    """A copy of one block stepping over rows: its attention and MLP wrapped by its family's
+    classes, the family's block formula mixed in."""
+    twin = copy.copy(layer)
+    if type(layer) in phi_blocks():
+        twin.self_attn, twin.mlp = PhiRowsAttention(layer.self_attn), PhiMLP(layer.mlp)
+        return rows_block(twin, RowsStep)
+    twin.self_attn = PlainRowsAttention(layer.self_attn)
+    gemma = type(layer) in gemma_blocks()
+    if type(layer.mlp) in (gemma_mlps() if gemma else dense_mlps()):
+        twin.mlp = (GemmaMLP if gemma else HeldMLP)(layer.mlp)
+    return rows_block(twin, GemmaRowsStep if gemma else RowsStep)
+
+
 def _held_linears(layers: list[Any]) -> list[HeldLinear]:
-    parts = [(t.self_attn.proj.q, t.self_attn.proj.k, t.self_attn.proj.v, t.self_attn.proj.o)
-             for t in layers]  # fmt: skip
-    parts += [(t.mlp._gate, t.mlp._up, t.mlp._down) for t in layers if isinstance(t.mlp, HeldMLP)]
-    return [h for group in parts for h in group if isinstance(h, HeldLinear)]
+    """Every held transpose of the twin's layers (attention wrappers keep theirs directly or
+    in `proj`, MLP wrappers directly)."""
+    owners = [o for t in layers for o in (t.self_attn, getattr(t.self_attn, "proj", None), t.mlp)]
+    return [
+        h for o in owners if o is not None for h in vars(o).values() if isinstance(h, HeldLinear)
+    ]

@@ -152,13 +152,14 @@ def blocks() -> tuple[type, ...]:
 _classes: dict[tuple[type, type], type] = {}
 
 
-def rows_block(twin: Any, step: type = RowsStep) -> Any:
-    """`twin` (a shallow copy of a block whose call is `step`'s formula: one of `blocks()` for
-    RowsStep) with `step` mixed into its class, so it keeps every attribute its model reads
-    (`self_attn`, `mlp`, llama's `use_sliding`)."""
+def rows_block(twin: Any, step: type | None = None) -> Any:
+    """`twin` (a shallow copy of one of `blocks()`, or of a block the caller found to be
+    `step`'s formula) with RowsStep (or `step`) mixed into its class, so it keeps every
+    attribute its model reads (`self_attn`, `mlp`, llama's `use_sliding`)."""
     base = type(twin)
-    if step is RowsStep and base not in blocks():
+    if step is None and base not in blocks():
         return twin
+    step = step or RowsStep
     if (cls := _classes.get((base, step))) is None:
         cls = _classes[base, step] = type(f"Rows{base.__name__}", (step, base), {})
     twin.__class__ = cls

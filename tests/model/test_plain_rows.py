@@ -26,12 +26,13 @@ from mlxd.engine.request import GenerationRequest
 from mlxd.model import plain_rows as pr
 from mlxd.model import rows_step as rs
 from mlxd.model.gemma_rows import GemmaMLP
+from mlxd.model.phi_rows import PhiMLP, PhiRowsAttention
 
 
 @pytest.fixture
 def rows_calls(monkeypatch) -> list[int]:
-    """Counts the plain rows step's attention calls."""
-    return count_rows_calls(monkeypatch, pr.PlainRowsAttention)
+    """Counts the plain rows step's attention calls (Phi-3's wrapper's too)."""
+    return count_rows_calls(monkeypatch, pr.PlainRowsAttention, PhiRowsAttention)
 
 
 def decode(model, steps: int, rows: int = 1, cache=None) -> mx.array:
@@ -86,18 +87,19 @@ def _step_graph(model):
     return primitives(model(mx.array([[3]]), cache=cache))
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
-def test_the_rows_step_drops_the_per_layer_views(tiny_model, arch) -> None:
-    """What it is for. Counted by hand from mlx-lm's qwen3 block (Gemma 3's has the same): a
-    layer's 7 projections are each a Flatten, a weight Transpose and an Unflatten around the
-    matmul, and q, k, v and the output each a head Transpose; over rows none of those is left
-    (the CPU's attention fallback keeps its own, the same in both)."""
+@pytest.mark.parametrize("arch,projections", [("qwen3", 7), ("gemma3", 7), ("phi3", 4)])
+def test_the_rows_step_drops_the_per_layer_views(tiny_model, arch, projections) -> None:
+    """What it is for. Counted by hand from mlx-lm's qwen3 block (Gemma 3's has the same; Phi-3
+    fuses q/k/v and gate/up, so 4 projections): a layer's projections are each a Flatten, a
+    weight Transpose and an Unflatten around the matmul, and q, k, v and the output each a head
+    Transpose; over rows none of those is left (the CPU's attention fallback keeps its own, the
+    same in both)."""
     model = load_model(tiny_model, arch)
     n = len(model.layers)
     plain, rows = _step_graph(model), _step_graph(pr.plain_rows(model))
-    assert plain["Flatten"] - rows["Flatten"] == 7 * n
-    assert plain["Unflatten"] - rows["Unflatten"] == 7 * n
-    assert plain["Transpose"] - rows["Transpose"] == 11 * n
+    assert plain["Flatten"] - rows["Flatten"] == projections * n
+    assert plain["Unflatten"] - rows["Unflatten"] == projections * n
+    assert plain["Transpose"] - rows["Transpose"] == (projections + 4) * n
     ops = {k: v for k, v in rows.items() if k not in VIEWS}
     assert ops == {k: v for k, v in plain.items() if k not in VIEWS}  # the same ops
 
@@ -124,17 +126,19 @@ def test_the_twin_is_made_again_when_a_weight_or_module_changes(tiny_model) -> N
 
 
 def test_a_model_it_does_not_know_is_stepped_as_it_is(tiny_model) -> None:
-    model = load_model(tiny_model, "phi3")  # fused qkv and gate_up projections
+    model = load_model(tiny_model, "lfm2")  # short convolutions between its attention layers
     assert not pr.supports(model)
     assert pr.plain_rows(model) is model and pr.PlainRowsTwin().of(model) is model
 
 
-def test_gemma3s_rows_step_equals_mlx_lms_bit_for_bit(tiny_model, rows_calls) -> None:
-    """Gemma 3's own block (four norms, clipped residuals, a gelu-gated MLP: gemma_rows.py):
-    its 16-token sliding layers' rotating caches wrap while decoding, 1 and 2 rows."""
-    model = load_model(tiny_model, "gemma3")
+@pytest.mark.parametrize("arch,mlp", [("gemma3", GemmaMLP), ("phi3", PhiMLP)])
+def test_other_families_rows_steps_equal_mlx_lms_bit_for_bit(tiny_model, arch, mlp, rows_calls):
+    """Gemma 3's own block (four norms, clipped residuals, a gelu-gated MLP: gemma_rows.py),
+    its 16-token sliding layers' rotating caches wrapping while decoding; Phi-3's fused q/k/v
+    and gate/up projections split by columns (phi_rows.py). 1 and 2 rows."""
+    model = load_model(tiny_model, arch)
     twin = pr.plain_rows(model)
-    assert isinstance(twin.model.layers[0].mlp, GemmaMLP)
+    assert isinstance(twin.model.layers[0].mlp, mlp)
     for rows in (1, 2):
         before = len(rows_calls)
         ref = decode(model, 10, rows)
@@ -211,7 +215,7 @@ def test_a_held_mlp_is_the_mlp_bit_for_bit(tiny_model) -> None:
     assert mx.array_equal(held(x[:, None]), mlp(x[:, None])).item()  # 3-D: the module itself
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3", "phi3"])
 def test_the_engine_steps_a_lone_row_on_the_twin_unless_it_is_off(
     tiny_model, arch, rows_calls
 ) -> None:
@@ -233,7 +237,7 @@ def test_the_engine_steps_a_lone_row_on_the_twin_unless_it_is_off(
     assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(*outs.values(), strict=True))
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "phi3"])
 def test_the_engines_mlx_mode_batch_steps_on_the_twin_unless_it_is_off(
     tiny_model, arch, rows_calls
 ) -> None:
