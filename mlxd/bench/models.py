@@ -100,6 +100,52 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
     ),
 }
+# Gemma 3 1B and Phi-4-mini (phi3 blocks: fused q/k/v and gate/up, 3/4 of each head rotated,
+# longrope; the factors' values do not change the work), for the other rows-step families.
+SHAPES["gemma3-1b"] = dict(
+    model_type="gemma3_text",
+    vocab_size=262144,
+    hidden_size=1152,
+    num_hidden_layers=26,
+    intermediate_size=6912,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    query_pre_attn_scalar=256,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    rope_local_base_freq=10000.0,
+    sliding_window=512,
+    sliding_window_pattern=6,
+    max_position_embeddings=32768,
+)
+SHAPES["phi4-mini"] = dict(
+    model_type="phi3",
+    vocab_size=200064,
+    hidden_size=3072,
+    num_hidden_layers=32,
+    intermediate_size=8192,
+    num_attention_heads=24,
+    num_key_value_heads=8,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    partial_rotary_factor=0.75,
+    max_position_embeddings=131072,
+    original_max_position_embeddings=4096,
+    rope_scaling=dict(type="longrope", short_factor=[1.0] * 48, long_factor=[1.0] * 48),
+    tie_word_embeddings=True,
+)
+# Their graphs at tiny widths, host-bound on a CPU (as qwen3-host is for Qwen3-0.6B).
+_HOST = dict(vocab_size=1024, hidden_size=64, num_attention_heads=4, intermediate_size=128)
+SHAPES["gemma3-host"] = dict(
+    SHAPES["gemma3-1b"], **_HOST, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16
+)
+SHAPES["phi4-host"] = dict(
+    SHAPES["phi4-mini"],
+    **_HOST,
+    num_key_value_heads=2,
+    rope_scaling=dict(type="longrope", short_factor=[1.0] * 6, long_factor=[1.0] * 6),
+)
 # Qwen3-0.6B without grouped-query attention (16 KV heads), to tell a GQA-specific kernel gap
 # from a general one (docs/benchmarks.md, KV schemes on the H200).
 SHAPES["qwen3-0.6b-mha"] = dict(SHAPES["qwen3-0.6b"], num_key_value_heads=16)

@@ -299,3 +299,15 @@ def test_serve_takes_the_decode_step(tiny_model, tmp_path, flag) -> None:
         assert (engine.step_model() is engine.model) is (flag == "mlx")
     finally:
         state.provider.close()
+
+
+@pytest.mark.parametrize("shape", ["gemma3-host", "phi4-host"])
+def test_the_benchs_other_family_shapes_take_the_rows_step(shape, rows_calls) -> None:
+    """probe_overhead's --shape gemma3-1b / phi4-mini (and their host-bound tiny-width twins)
+    build models whose one-token steps run over rows, with mlx-lm's bits."""
+    from mlxd.bench.models import build_random
+
+    model = build_random(shape, "bfloat16").model
+    assert pr.supports(model)
+    assert mx.array_equal(decode(pr.plain_rows(model), 3), decode(model, 3)).item()
+    assert len(rows_calls) == 3 * len(model.layers)
