@@ -95,7 +95,7 @@ class PlainRowsTwin:
 
     def of(self, model: nn.Module) -> nn.Module:
         fresh = self._model is not None and self._model() is model
-        if not (fresh and all((c or model)[k] is v for c, k, v in self._held)):
+        if not (fresh and all((model if c is None else c)[k] is v for c, k, v in self._held)):
             self._twin = plain_rows(model)  # the model itself where its blocks are not supported
             self._held = _holdings(model) if self._twin is not model else []
             self._model = weakref.ref(model)
