@@ -11,23 +11,16 @@ import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import scaled_dot_product_attention
 
-from .rows_step import heads_rows, held
+from .rows_step import RowsAttention, heads_rows, held
 
 
-class PhiRowsAttention(nn.Module):
+class PhiRowsAttention(RowsAttention):
     """Wraps one phi3 attention: a one-token step over (B, D) rows (`rows`); anything else goes
     to the original module, op for op."""
 
     def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self._qkv, self._o = held(inner.qkv_proj), held(inner.o_proj)
-
-    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        return self.inner(x, mask, cache)
-
-    def takes_rows(self, x: mx.array, mask: Any, cache: Any) -> bool:
-        return x.shape[1] == 1 and cache is not None
 
     def rows(self, x: mx.array, mask: Any, cache: Any) -> mx.array:
         a = self.inner

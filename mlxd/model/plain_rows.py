@@ -11,6 +11,7 @@ kernels on the same memory, so the same bits (tests/model/test_plain_rows.py).
 """
 
 import copy
+import functools
 import weakref
 from typing import Any
 
@@ -24,6 +25,7 @@ from .rows_step import (
     HeldLinear,
     HeldMLP,
     Projections,
+    RowsAttention,
     RowsStep,
     blocks,
     dense_mlps,
@@ -32,22 +34,13 @@ from .rows_step import (
 )
 
 
-class PlainRowsAttention(nn.Module):
-    """Wraps one layer's attention: a one-token step runs over (B, D) rows (`rows`); anything
-    else goes to the original module, op for op."""
+class PlainRowsAttention(RowsAttention):
+    """Wraps one layer's attention (separate q, k, v, o projections): a one-token step runs
+    over (B, D) rows (`rows`); anything else goes to the original module, op for op."""
 
     def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.proj = Projections(inner)
-
-    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        return self.inner(x, mask, cache)
-
-    def takes_rows(self, x: mx.array, mask: Any, cache: Any) -> bool:
-        """A one-token step (a cache gives the offset); the mask goes to mlx-lm's call as is:
-        None for one row, the batch's padding mask (B, 1, 1, L) for several."""
-        return x.shape[1] == 1 and cache is not None
 
     def rows(self, x: mx.array, mask: Any, cache: Any) -> mx.array:
         """mlx-lm's attention over (B, D) rows (rows_step.heads_rows), its own call after."""
@@ -102,6 +95,7 @@ class PlainRowsTwin:
         return self._twin  # type: ignore[return-value]
 
 
+@functools.cache
 def _known() -> tuple[type, ...]:
     return blocks() + gemma_blocks() + phi_blocks()
 

@@ -61,6 +61,23 @@ def heads_rows(a: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any) -> tup
     return q, k, v
 
 
+class RowsAttention(nn.Module):
+    """Wraps one layer's attention for plain_rows.py: a one-token step runs the subclass's
+    `rows` over (B, D); anything else goes to the original module, op for op."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        return self.inner(x, mask, cache)
+
+    def takes_rows(self, x: mx.array, mask: Any, cache: Any) -> bool:
+        """A one-token step (a cache gives the offset); the mask goes to mlx-lm's call as is:
+        None for one row, the batch's padding mask (B, 1, 1, L) for several."""
+        return x.shape[1] == 1 and cache is not None
+
+
 class HeldMLP(nn.Module):
     """Wraps a dense swiglu MLP (`dense_mlps()`): over 2-D rows (`rows`) its three projections
     take held transposes, the same formula, down(swiglu(gate(x), up(x))); anything else goes
