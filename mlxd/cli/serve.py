@@ -227,7 +227,8 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         type=str,
         default=None,
         help="total memory for weights and KV, in bytes or as a percentage of the machine's "
-        "memory (e.g. 24GB or 75%%); sets the KV budget to what the weights leave",
+        "memory (e.g. 24GB or 75%%); sets the KV budget to what the weights leave, and MLX's "
+        "memory limit (past it, its buffer cache gives memory back)",
     )
     g.add_argument(
         "--pipeline", action="store_true", help="Use pipelining instead of tensor parallelism"

@@ -2,6 +2,7 @@
 
 A memory budget covers the weights, the KV cache and working memory: the KV budget is what is
 left after the weights and a headroom for activations (1/16 of the budget, at least 256 MB).
+It is also MLX's memory limit, so the buffer cache gives memory back rather than grow past it.
 """
 
 import os
@@ -54,3 +55,15 @@ def kv_budget_from(args: Any, weight_bytes: int) -> int | None:
             )
         budget = left if budget is None else min(budget, left)
     return budget
+
+
+def hold_to_budget(args: Any) -> int | None:
+    """MLX's memory limit at --memory-budget: past it, MLX's allocator frees cached buffers
+    before it allocates. Its own default is most of the device (80-95% of a CUDA card), and
+    with --prefill-clear-cache off (CUDA's auto) the cache would grow that far. Returns the
+    limit it replaced (None: no budget, nothing set)."""
+    if args.memory_budget is None:
+        return None
+    import mlx.core as mx
+
+    return int(mx.set_memory_limit(parse_memory(args.memory_budget)))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -31,7 +32,7 @@ from ..model.folded_attention import is_folded, is_fused
 from ..model.folded_attention import unsupported as unfoldable
 from ..model.fused_projections import stacked_bytes
 from ..model.resolve import resolve_model
-from .budget import kv_budget_from
+from .budget import hold_to_budget, kv_budget_from
 from .store import make_store
 
 log = logging.getLogger("mlxd.serve")
@@ -72,6 +73,7 @@ class ModelProvider:
         expect = os.environ.get("MLXD_JOIN_EXPECT", "1") != "0"
         self.arrivals = Arrivals(getattr(args, "join_window", 0.0), expect)
         self.default = self._load(args.model, args.adapter_path)
+        self._limit_before = hold_to_budget(args)  # once the budget is known to hold the weights
         self._others: collections.OrderedDict[tuple, Served] = collections.OrderedDict()
 
     def _tokenizer_config(self) -> dict[str, Any]:
@@ -171,12 +173,16 @@ class ModelProvider:
         return [self.default, *self._others.values()]
 
     def close(self) -> None:
-        """Stop the engines and flush the disk tiers' queues (idempotent)."""
+        """Stop the engines, flush the disk tiers' queues and give MLX back its memory limit
+        (idempotent)."""
         for served in self.loaded():
             served.engine.close()
             if (sharing := served.engine.sharing) is not None and not sharing.store.closed:
                 sharing.store.close()
                 log.info("%s: prefix store closed, %s", served.name, sharing.store.stats())
+        if self._limit_before is not None:
+            mx.set_memory_limit(self._limit_before)
+            self._limit_before = None
 
 
 __all__ = ["ModelLoadError", "ModelProvider", "Served"]

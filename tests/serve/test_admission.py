@@ -165,3 +165,34 @@ def test_non_streaming_client_timeout_cancels_the_row(qwen3_server) -> None:
     client.join()
     assert outcome, "the 2000-token request finished within 1.5 s: nothing was cancelled"
     wait_for(lambda: stats(qwen3_server)["active"] == 0, 5, "the row outlived its client")
+
+
+def test_memory_budget_is_mlx_memory_limit_until_close(qwen3_model_dir: Path, tmp_path) -> None:
+    """Past --memory-budget MLX's allocator frees cached buffers instead of growing its cache
+    (CUDA never clears it by default); closing gives the process its old limit back."""
+    import mlx.core as mx
+
+    before = mx.get_memory_limit()
+    assert before != 2_000_000_000
+    args = server_args(
+        model=str(qwen3_model_dir), memory_budget="2000000000", data_dir=str(tmp_path)
+    )
+    state = make_state(args)
+    try:
+        assert mx.get_memory_limit() == 2_000_000_000
+    finally:
+        state.provider.close()
+    assert mx.get_memory_limit() == before
+    state.provider.close()  # idempotent: the old limit stays
+    assert mx.get_memory_limit() == before
+
+
+def test_no_memory_budget_leaves_mlx_memory_limit(qwen3_model_dir: Path, tmp_path) -> None:
+    import mlx.core as mx
+
+    before = mx.get_memory_limit()
+    state = make_state(server_args(model=str(qwen3_model_dir), data_dir=str(tmp_path)))
+    try:
+        assert mx.get_memory_limit() == before
+    finally:
+        state.provider.close()
