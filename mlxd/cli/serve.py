@@ -9,8 +9,8 @@ from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
 from mlx_lm.utils import _parse_size
 
 from ..model.default import DEFAULT_MODEL_NAME
-from ..model.folded_attention import MODES
 from .generate import KV_CONFIG_FLAG, resolve_kv_config
+from .serve_engine import engine_group
 
 
 def _model_group(p: argparse.ArgumentParser) -> None:
@@ -98,143 +98,6 @@ def _kv_group(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _wave_tokens(value: str) -> int:
-    """`--prefill-batch-tokens`: a token count, or auto (-1: resolved with the other flags)."""
-    if value == "auto":
-        return -1
-    n = int(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError("must be auto or a token count >= 0")
-    return n
-
-
-def _engine_group(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine (L3)")
-    g.add_argument(
-        "--batch",
-        "--decode-concurrency",
-        dest="batch",
-        type=int,
-        default=None,
-        help="maximum concurrent rows; more requests wait in the queue (default: 8, and 32 on "
-        "NVIDIA GPUs, where 32 agents on 8 rows waited 3x longer for a first token than on 32)",
-    )
-    g.add_argument(
-        "--prompt-concurrency",
-        type=int,
-        default=8,
-        help="prompts prefilled together when they join the batch (default: 8)",
-    )
-    g.add_argument(
-        "--prefill-batch-tokens",
-        type=_wave_tokens,
-        default=-1,
-        help="more prompts prefill together than --prompt-concurrency while rows x the longest "
-        "chunk stays within this many tokens, so agents coming back at once join in one wave, "
-        "not one per 8 rows (H200, 32 agents on an 8B model: 1.27x tok/s); auto (default): "
-        "--prompt-concurrency x --prefill-step-size, mlx-lm's largest wave; 0: mlx-lm's count",
-    )
-    g.add_argument(
-        "--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill chunk"
-    )
-    g.add_argument(
-        "--batched-attention",
-        choices=MODES,
-        default="mlx",
-        help="attention of the batched decode step: mlx (MLX's, the same bits as mlx-lm) or "
-        "folded (no masked fallback: much faster on CUDA at long contexts, changes bits there; "
-        "llama, mistral, qwen2, qwen3, qwen3_moe; keep mlx on Metal) or folded+fused (also "
-        "q/k/v and gate/up as one matmul each: fewer kernel calls on CUDA, copies those "
-        "weights, e.g. +9 GB for an 8B model) or flash / flash+fused (the attention as two "
-        "CUDA kernels, float32 softmax: CUDA only, changes bits, faster only at short contexts); "
-        "+shared: a decoding wave's common prefix (>= 512 tokens, e.g. a fleet's system "
-        "prompt) held once, not once per row (changes bits)",
-    )
-    g.add_argument(
-        "--decode-step",
-        choices=("rows", "mlx"),
-        default="rows",
-        help="the one-token decode step of a lone request and of --batched-attention mlx's "
-        "batch: rows (mlx-lm's kernels over 2-D rows, ~23 fewer view nodes a layer for llama, "
-        "mistral, qwen2, qwen3, qwen3_moe, gemma3 and phi3 models with unquantized weights: less "
-        "host time a token, the same bits) or mlx (mlx-lm's model call as it is)",
-    )
-    g.add_argument(
-        "--prefill-clear-cache",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="mx.clear_cache() after each prefill chunk, as mlx-lm does, and when a row or a "
-        "batch ends (auto: off on CUDA, where a clear costs 0.1-0.4 s with an 8B model's "
-        "buffers; on elsewhere; same bits)",
-    )
-    g.add_argument(
-        "--batched-sampling",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="sample batched rows whose samplers differ (every request with a temperature) in "
-        "a few batched calls, each row with its own draw: mlx-lm's tokens, tested on the CPU "
-        "and MLX-CUDA (auto: on there; off on Metal until run there)",
-    )
-    g.add_argument(
-        "--cuda-graphs",
-        choices=("on", "off"),
-        default="on",
-        help="MLX-CUDA's graph capture (MLX_USE_CUDA_GRAPHS): off made 32 batched rows of an 8B "
-        "model decode 1.5x faster on an H200 and one lone row slower (docs/performance.md)",
-    )
-    g.add_argument(
-        "--cudnn-attention",
-        choices=("on", "off"),
-        default="on",
-        help="MLX-CUDA's cuDNN attention for prefill (MLX_CUDA_USE_CUDNN_SDPA): cuDNN builds a "
-        "graph per new shape, so a lone join's prefill took 0.093 s at the median on an H200 "
-        "against 0.026 s off; off uses MLX's own kernels, whose bits differ from mlx_lm.server's",
-    )
-    g.add_argument(
-        "--switch-interval",
-        type=_switch_interval,
-        default=None,
-        help="seconds a thread may hold the GIL while another waits for it (Python's "
-        "sys.setswitchinterval; default: Python's 0.005), or 'engine': Python's while the "
-        "engine builds a batched step, 0.2 ms around its device waits and while a lone row "
-        "decodes (engine/gil.py)",
-    )
-    g.add_argument(
-        "--join-window",
-        type=_window,
-        default=0.25,
-        help="seconds a new prefill wave may wait for requests the server has received and "
-        "not yet queued (body, chat template, tokenizing), or for the next turns of replies "
-        "that just ended, so an agent fleet's turns that arrive together prefill in one "
-        "wave; a lone request never waits; 0: off "
-        "(default: 0.25; same bits for a given batch, docs/performance.md)",
-    )
-    g.add_argument(
-        "--max-queue",
-        type=int,
-        default=256,
-        help="requests that may wait for a row; beyond it: 429 with Retry-After (default: 256)",
-    )
-    g.add_argument(
-        "--kv-budget",
-        type=_parse_size,
-        default=None,
-        help="bytes of KV cache the running rows may reserve (e.g. 8GB); a row waits until its "
-        "worst case fits",
-    )
-    g.add_argument(
-        "--memory-budget",
-        type=str,
-        default=None,
-        help="total memory for weights and KV, in bytes or as a percentage of the machine's "
-        "memory (e.g. 24GB or 75%%); sets the KV budget to what the weights leave, and MLX's "
-        "memory limit (past it, its buffer cache gives memory back)",
-    )
-    g.add_argument(
-        "--pipeline", action="store_true", help="Use pipelining instead of tensor parallelism"
-    )
-
-
 def _http_group(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server (L4)")
     g.add_argument("--host", type=str, default="127.0.0.1", help="Host (default: 127.0.0.1)")
@@ -304,31 +167,9 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
         description="Serve a model over HTTP: mlx_lm.server's API, Anthropic Messages and "
         "OpenAI Responses, on one continuous-batching engine.",
     )
-    for group in (_model_group, _kv_group, _engine_group, _sampling_group, _http_group):
+    for group in (_model_group, _kv_group, engine_group, _sampling_group, _http_group):
         group(p)
     _defaults.update({a.dest: a.default for a in p._actions if a.dest != "help"})
-
-
-def _switch_interval(text: str) -> float | str:
-    if text == "engine":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"'engine' or a positive number of seconds, not {text!r}")
-    return value
-
-
-def _window(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value <= 10:
-        raise argparse.ArgumentTypeError(f"seconds between 0 and 10, not {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> None:
