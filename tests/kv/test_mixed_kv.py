@@ -8,7 +8,6 @@ installed the way optiq installs it: as mlx_lm.generate.maybe_quantize_kv_cache,
 non-None kv_bits so generate_step calls it. Exact means exact: token ids and logprob arrays."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from fixtures.optiq_oracle import OPTIQ_PYTHON, oracle_env
+from fixtures.optiq_python import needs_optiq
 from fixtures.optiq_reference import optiq_hook as _optiq_hook
 from mlx_lm.generate import generate_step, generation_stream
 from mlx_lm.models.cache import ArraysCache, QuantizedKVCache, make_prompt_cache
@@ -88,7 +89,6 @@ def test_same_bits_as_optiqs_algorithm(tiny_lm, arch: str, monkeypatch) -> None:
     _assert_same(got, _reference(model, raw, start, step, monkeypatch))
 
 
-OPTIQ = os.environ.get("MLXD_OPTIQ_PYTHON", "/work/optiq-venv/bin/python")
 DRIVER = """
 import json, sys
 import mlx.core as mx, numpy as np
@@ -111,7 +111,7 @@ for name, case in spec["cases"].items():
 """
 
 
-@pytest.mark.skipif(not Path(OPTIQ).exists(), reason=f"mlx-optiq's interpreter {OPTIQ} is absent")
+@needs_optiq
 def test_same_bits_as_mlx_optiq_live(tiny_lm, tiny_model, tmp_path: Path) -> None:
     cases = {}
     for arch, (raw, start, step) in CASES.items():
@@ -119,8 +119,8 @@ def test_same_bits_as_mlx_optiq_live(tiny_lm, tiny_model, tmp_path: Path) -> Non
         cases[arch] = {"model": str(tiny_model(arch)), "config": str(tmp_path / f"{arch}.kv.json"),
                        "start": start, "step": step}  # fmt: skip
     spec = {"cases": cases, "prompt": PROMPT, "n": N, "out": str(tmp_path)}
-    run = subprocess.run([OPTIQ, "-c", DRIVER, json.dumps(spec)], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)  # fmt: skip
+    run = subprocess.run([str(OPTIQ_PYTHON), "-c", DRIVER, json.dumps(spec)], capture_output=True,
+                         text=True, timeout=600, cwd=tmp_path, env=oracle_env())  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     for arch, (raw, start, step) in CASES.items():
         saved = np.load(tmp_path / f"{arch}.npz")

@@ -21,7 +21,8 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from fixtures.optiq_oracle import OPTIQ_PYTHON, run_optiq
+from fixtures.optiq_oracle import run_optiq
+from fixtures.optiq_python import needs_optiq
 from mlx_lm import load
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
@@ -37,9 +38,6 @@ SCENARIOS = {
     "token-by-token": (0, [1] * 40, [0, 10, 30]),
 }
 CASES = [(name, c) for name, (_, _, conv) in SCENARIOS.items() for c in conv]
-needs_optiq = pytest.mark.skipif(
-    not OPTIQ_PYTHON.exists(), reason=f"mlx-optiq's interpreter not found ({OPTIQ_PYTHON})"
-)
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away from the farm."
 
 
