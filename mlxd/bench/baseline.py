@@ -25,8 +25,18 @@ def run_baseline(args: Any, model: Path) -> dict[str, Any]:
     cmd += ["--rounds", str(ROUNDS)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
-        return {"command": cmd, "error": done.stderr[-2000:]}
+        return {"command": cmd, "error": done.stderr[-2000:], "reason": failure_reason(done.stderr)}
     return {"command": cmd} | json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def failure_reason(stderr: str) -> str:
+    """A failed run's last line, and what to do where the server beside it held the memory
+    (an MLX server's buffer cache grows to most of a card: session 38, on an 80 GB H100)."""
+    lines = [x.strip() for x in stderr.splitlines() if x.strip()]
+    last = lines[-1] if lines else "no output"
+    if "out of memory" in stderr.lower():
+        last += " (the idle server beside it holds the memory: --cache-limit-gb caps both caches)"
+    return last
 
 
 def pooled_baseline(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -68,9 +78,13 @@ def baseline_line(result: dict[str, Any]) -> str:
             continue
         itl = one[side]["itl_p50_ms"]["median"]
         cell = f"{LABEL[side]} {itl:.2f} ms = {itl / base['itl_p50_ms']:.3f}x"
-        if pairs := paired_ratios(result.get("sides", {}).get(side, {})):
+        side_data = result.get("sides", {}).get(side, {})
+        if pairs := paired_ratios(side_data):
             s = spread(pairs)
             cell += f", per round {s['median']:.3f}x [{s['min']:.3f}-{s['max']:.3f}]"
+        elif failed := [b for b in side_data.get("baseline", []) if "itl_p50_ms" not in b]:
+            why = failed[-1].get("reason", "see the JSON")
+            cell += f" (not paired: its {len(failed)} generate_step runs failed: {why})"
         cells.append(cell)
     return (
         f"\n1 agent, ITL p50 against mlx-lm generate_step alone ({base['itl_p50_ms']:.2f} ms, "

@@ -74,7 +74,8 @@ class ServedSide:
             b = self.bound()
             self.out.setdefault("baseline", []).append(b)
             # Printed now: a run killed at a time limit keeps each round's bound in its log.
-            got = f"ITL p50 {b['itl_p50_ms']:.2f} ms" if "itl_p50_ms" in b else "failed"
+            ok = "itl_p50_ms" in b
+            got = f"ITL p50 {b['itl_p50_ms']:.2f} ms" if ok else f"failed: {b.get('reason')}"
             print(f"[generate_step] before round {r}: {got}", file=sys.stderr, flush=True)
         run = run_one(self.srv, self.sampler, self.wls[n, r], r)
         self.out["runs"].setdefault(str(n), []).append(run)

@@ -426,3 +426,30 @@ def test_the_capping_wrapper_sets_mlxs_cache_limit_then_runs_the_module(tmp_path
     assert done.stdout.strip() == "123456 ['--x', '1']"  # the cap it found, its own argv
     bad = subprocess.run([*cmd[:3], "lots", "probe_cap"], capture_output=True, text=True)
     assert bad.returncode != 0 and "usage" in bad.stderr
+
+
+def test_a_failed_bound_says_why_and_the_side_is_not_called_paired() -> None:
+    """Session 38 on an 80 GB H100: every generate_step run beside mlxd's idle server ran out
+    of memory, and the line read as if mlxd had been paired."""
+    from mlxd.bench.baseline import baseline_line, failure_reason
+
+    oom = "Traceback ...\n  File x\nRuntimeError: cudaMallocAsync(&data, size, stream) failed: "
+    oom += "out of memory\n"
+    why = failure_reason(oom)
+    assert why.startswith("RuntimeError: cudaMallocAsync") and "--cache-limit-gb" in why
+    assert failure_reason("Traceback\nValueError: bad model\n\n") == "ValueError: bad model"
+    assert failure_reason("") == "no output"
+
+    ok_rounds = [{"figures": {"itl_p50_ms": 13.6}}] * 2
+    mlxd_rounds = [{"figures": {"itl_p50_ms": 8.0}}] * 2
+    sides = {
+        "mlx_lm": {"runs": {"1": ok_rounds}, "baseline": [{"itl_p50_ms": 7.0}] * 2},
+        "mlxd": {"runs": {"1": mlxd_rounds}, "baseline": [{"error": "x", "reason": why}] * 2},
+    }
+    one = {"mlxd": {"itl_p50_ms": {"median": 8.0}}, "mlx_lm": {"itl_p50_ms": {"median": 13.6}}}
+    result = {"baseline": {"itl_p50_ms": 7.0, "prompt_tokens": 40}, "summary": {"1": one}}
+    line = baseline_line(result | {"sides": sides})
+    assert "mlx-lm 13.60 ms = 1.943x, per round 1.943x" in line
+    assert (
+        "mlxd 8.00 ms = 1.143x (not paired: its 2 generate_step runs failed: RuntimeError" in line
+    )
