@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from .errors import APIError
+from .metrics_memory import MemoryCollector
 from .metrics_store import StoreCollector
 from .offload import offload
 
@@ -120,6 +121,7 @@ class Metrics:
         )
         r.register(EngineCollector(state))
         r.register(StoreCollector(state))
+        r.register(MemoryCollector())
 
     def install(self, app: Any) -> None:
         """Outermost middleware: it also sees the 401s and CORS answers given before routing."""

@@ -227,3 +227,22 @@ def test_prefix_store_metrics_count_the_hits(make_server) -> None:
     assert hit_tokens == sum(cached) > 0
     stored = value(after, "mlxd_prefix_store_bytes", model=model, tier="ram")
     assert stored == live.state.provider.default.engine.sharing.store.ram.nbytes > 0
+
+
+def test_mlx_memory_gauge_reads_the_allocator(make_server) -> None:
+    """The limit is --memory-budget's; active holds at least the weights; the peak never reads
+    below active, and a request's step leaves buffers in the cache or on the peak."""
+    from mlx.utils import tree_flatten
+
+    live = make_server(memory_budget="3000000000")
+    weights = sum(v.nbytes for _, v in tree_flatten(live.state.provider.default.model.parameters()))
+    before = scrape(live.url)
+    assert value(before, "mlxd_mlx_memory_bytes", kind="limit") == 3_000_000_000
+    assert value(before, "mlxd_mlx_memory_bytes", kind="active") >= weights
+    body = {"messages": MESSAGES, "max_tokens": 8}
+    assert httpx.post(live.v1 + "/chat/completions", json=body, timeout=60).status_code == 200
+    after = scrape(live.url)
+    assert value(after, "mlxd_mlx_memory_bytes", kind="peak") >= value(
+        after, "mlxd_mlx_memory_bytes", kind="active"
+    )
+    assert value(after, "mlxd_mlx_memory_bytes", kind="peak") > weights
