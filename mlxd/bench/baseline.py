@@ -22,7 +22,7 @@ def run_baseline(args: Any, model: Path) -> dict[str, Any]:
     `--max-tokens` tokens, in a process of its own."""
     cmd = [sys.executable, "-m", "mlxd.bench.raw_step", "--model", str(model)]
     cmd += ["--prompt-tokens", str(args.system_tokens + 40), "--gen-tokens", str(args.max_tokens)]
-    cmd += ["--rounds", str(ROUNDS)]
+    cmd += ["--rounds", str(ROUNDS), "--engine"]  # mlxd's engine alone too, alternated
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         return {"command": cmd, "error": done.stderr[-2000:], "reason": failure_reason(done.stderr)}
@@ -46,21 +46,26 @@ def pooled_baseline(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return {"runs": runs, "error": "every generate_step run failed (see runs)"}
     rounds = [x for r in ok for x in r["round_p50_ms"]]
     first = ok[0]
-    return {
+    out = {
         "itl_p50_ms": statistics.median(rounds),
         "round_p50_ms": rounds,
         "prompt_tokens": first["prompt_tokens"],
         "gen_tokens": first["gen_tokens"],
         "runs": runs,
     }
+    if engine := [x for r in ok for x in r.get("engine", {}).get("round_p50_ms", [])]:
+        out["engine"] = {"itl_p50_ms": statistics.median(engine), "round_p50_ms": engine}
+    return out
 
 
-def paired_ratios(side_data: dict[str, Any]) -> list[float]:
-    """Each one-agent round's ITL p50 over the generate_step run made just before it."""
+def paired_ratios(side_data: dict[str, Any], engine: bool = False) -> list[float]:
+    """Each one-agent round's ITL p50 over the generate_step run made just before it
+    (`engine`: over mlxd's engine alone, run in that same process)."""
     rounds = side_data.get("runs", {}).get("1", [])
     out = []
     for run, base in zip(rounds, side_data.get("baseline", []), strict=False):
-        itl, bound = run["figures"].get("itl_p50_ms"), base.get("itl_p50_ms")
+        itl = run["figures"].get("itl_p50_ms")
+        bound = base.get("engine", {}).get("itl_p50_ms") if engine else base.get("itl_p50_ms")
         if itl and bound:
             out.append(itl / bound)
     return out
@@ -91,4 +96,22 @@ def baseline_line(result: dict[str, Any]) -> str:
         f"{base['prompt_tokens']}-token prompt, run before each server round): "
         + "; ".join(cells)
         + "\n"
+        + engine_line(result)
     )
+
+
+def engine_line(result: dict[str, Any]) -> str:
+    """mlxd's engine alone (its Python API, alternated with generate_step in the bound's
+    process) against generate_step, and mlxd through the server against it: the server's cost."""
+    engine = result["baseline"].get("engine")
+    if not engine:
+        return ""
+    base = result["baseline"]["itl_p50_ms"]
+    line = f"mlxd's engine alone {engine['itl_p50_ms']:.2f} ms = {engine['itl_p50_ms'] / base:.3f}x"
+    if pairs := paired_ratios(result.get("sides", {}).get("mlxd", {}), engine=True):
+        s = spread(pairs)
+        line += (
+            f"; mlxd through the server against it, per round {s['median']:.3f}x "
+            f"[{s['min']:.3f}-{s['max']:.3f}]"
+        )
+    return line + "\n"

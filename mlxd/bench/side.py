@@ -76,6 +76,8 @@ class ServedSide:
             # Printed now: a run killed at a time limit keeps each round's bound in its log.
             ok = "itl_p50_ms" in b
             got = f"ITL p50 {b['itl_p50_ms']:.2f} ms" if ok else f"failed: {b.get('reason')}"
+            if ok and "engine" in b:
+                got += f" (mlxd's engine alone {b['engine']['itl_p50_ms']:.2f} ms)"
             print(f"[generate_step] before round {r}: {got}", file=sys.stderr, flush=True)
         run = run_one(self.srv, self.sampler, self.wls[n, r], r)
         self.out["runs"].setdefault(str(n), []).append(run)

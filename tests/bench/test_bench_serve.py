@@ -78,10 +78,14 @@ def test_bench_serve_tiny_both_servers(
     for data in result["sides"].values():
         (run,) = data["baseline"]
         assert run["itl_p50_ms"] > 0 and len(run["round_p50_ms"]) == 2
+        # mlxd's engine alone, alternated with generate_step in the same process.
+        assert run["engine"]["itl_p50_ms"] > 0 and len(run["engine"]["round_p50_ms"]) == 2
     assert base["itl_p50_ms"] > 0 and len(base["round_p50_ms"]) == 4 and len(base["runs"]) == 2
+    assert len(base["engine"]["round_p50_ms"]) == 4
+    assert "mlxd's engine alone " in table and "through the server against it, per round" in table
     assert "1 agent, ITL p50 against mlx-lm generate_step alone" in table
     cells = table.rsplit("generate_step alone", 1)[1]
-    assert "mlxd " in cells and cells.count(", per round ") == 2
+    assert "mlxd " in cells and cells.count(", per round ") == 3  # two sides, one engine
     # Each round's ITL and bound are in the log as they are measured (a run killed at a time
     # limit keeps them): the round lines carry the JSON's ITL, each bound its own line.
     err = capsys.readouterr().err.splitlines()
@@ -90,8 +94,12 @@ def test_bench_serve_tiny_both_servers(
         (line,) = [x for x in err if x.startswith(f"{label} N=1 round 0:")]
         assert f"ITL p50 {fig['itl_p50_ms']:.2f} ms," in line
     bounds = [x for x in err if x.startswith("[generate_step] before round 0: ITL p50 ")]
-    runs = [data["baseline"][0]["itl_p50_ms"] for data in result["sides"].values()]
-    assert bounds == [f"[generate_step] before round 0: ITL p50 {v:.2f} ms" for v in runs]
+    runs = [data["baseline"][0] for data in result["sides"].values()]
+    assert bounds == [
+        f"[generate_step] before round 0: ITL p50 {b['itl_p50_ms']:.2f} ms "
+        f"(mlxd's engine alone {b['engine']['itl_p50_ms']:.2f} ms)"
+        for b in runs
+    ]
 
 
 def test_bench_serve_interleaved_runs_round_r_on_each_server_in_turn(
@@ -237,6 +245,31 @@ def test_each_lone_agent_round_is_paired_with_the_bound_run_just_before_it() -> 
         "sides": {"mlxd": {"runs": {"1": rounds(8.8, 4.4, 4.0)}, "baseline": mlxd["baseline"]}},
     }
     assert "mlxd 4.40 ms = 1.100x, per round 1.100x [1.000-1.100]" in baseline_line(result)
+
+
+def test_the_server_is_paired_with_mlxds_engine_alone_round_by_round() -> None:
+    """The bound's process also times mlxd's engine (no server): the line puts it against
+    generate_step, and each mlxd server round against the engine run just before it."""
+    from mlxd.bench.baseline import baseline_line, pooled_baseline
+
+    bases = [
+        {"itl_p50_ms": 8.0, "round_p50_ms": [8.0], "prompt_tokens": 40, "gen_tokens": 8,
+         "engine": {"itl_p50_ms": 6.0, "round_p50_ms": [6.0]}},
+        {"itl_p50_ms": 4.0, "round_p50_ms": [4.0], "prompt_tokens": 40, "gen_tokens": 8,
+         "engine": {"itl_p50_ms": 3.0, "round_p50_ms": [3.0]}},
+    ]  # fmt: skip
+    pooled = pooled_baseline(bases)
+    assert pooled["engine"] == {"itl_p50_ms": 4.5, "round_p50_ms": [6.0, 3.0]}
+    runs = [{"figures": {"itl_p50_ms": x}} for x in (6.6, 3.3)]
+    one = {"mlxd": {"itl_p50_ms": {"median": 4.95}}}
+    result = {"baseline": pooled, "summary": {"1": one}}
+    result["sides"] = {"mlxd": {"runs": {"1": runs}, "baseline": bases}}
+    line = baseline_line(result)
+    assert "mlxd's engine alone 4.50 ms = 0.750x" in line  # 4.5 over the pooled 6.0
+    assert "through the server against it, per round 1.100x [1.100-1.100]" in line
+    old = [{k: v for k, v in b.items() if k != "engine"} for b in bases]  # before session 39
+    assert "engine" not in pooled_baseline(old)
+    assert "engine alone" not in baseline_line(result | {"baseline": pooled_baseline(old)})
 
 
 def test_prompt_words_are_deterministic_and_just_long_enough() -> None:
