@@ -168,7 +168,7 @@ def _serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParse
         "--baseline", action="store_true",
         help="before each 1-agent round, mlx-lm's generate_step alone on a first-turn-sized "
         "prompt (python -m mlxd.bench.raw_step): the 1-agent ITL is reported against it, "
-        "pooled and round by round",
+        "pooled and round by round; mlxd's engine alone (no server) alternates with it",
     )  # fmt: skip
     o = s.add_argument_group("output")
     o.add_argument("--json", default=None, metavar="OUT", help="every raw number")
