@@ -5,7 +5,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .batch import BatchConfig, batchable
+from .batch_row import BatchConfig, batchable
 from .handle import RequestHandle
 from .kv_budget import KVBudgetExceeded, KVCost
 from .request import DoneEvent, GenerationRequest

@@ -13,7 +13,8 @@ from typing import Any
 
 from ..kv.batch_quantized import is_quantized
 from ..kv.convert import converter
-from .batch import BatchedRow, BatchedRows
+from .batch import BatchedRows
+from .batch_row import BatchedRow
 from .handle import RequestHandle
 from .prefix import Plan
 from .request import DoneEvent, GenerationRequest, TokenEvent

@@ -20,7 +20,8 @@ from ..model.folded_attention import unsupported as unfoldable
 from ..model.plain_rows import PlainRowsTwin
 from .admission import Admission, Overloaded
 from .arrivals import Arrivals, Ticket
-from .batch import BatchConfig, BatchedRows, batchable
+from .batch import BatchedRows
+from .batch_row import BatchConfig, batchable
 from .drive import Driving
 from .fork import ForkJob
 from .handle import RequestHandle
@@ -34,6 +35,7 @@ from .request import DoneEvent, GenerationRequest
 from .rng import KeyOwner, repair_key
 from .routing import Routing
 from .serial import validate
+from .stats import EngineStats
 from .threads import run_on_worker
 from .trace import Trace
 from .turns import Turns
@@ -51,7 +53,7 @@ def _close_all() -> None:
         engine.close()
 
 
-class Engine(PrefixRows, Routing, Turns, Driving):
+class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
     """Submit requests from any thread; all MLX work happens on the engine's own thread."""
 
     def __init__(
@@ -175,33 +177,6 @@ class Engine(PrefixRows, Routing, Turns, Driving):
         reqs = [self._serial[0].req] if self._serial else []
         reqs += [job.req for job in self._forks]
         return reqs + [r.req for b in self._batches.values() for r in b.rows.values()]
-
-    def stats(self) -> dict[str, Any]:
-        """Rows, throughput over the engine's busy time, reserved KV, and the paths taken."""
-        with self.admission.wake:
-            active = self._active()
-            return {
-                "active": len(active),
-                "waiting": len(self.admission.waiting),
-                "tokens_generated": self._tokens,
-                "tokens_per_s": self._tokens / self._busy_s if self._busy_s > 0 else 0.0,
-                "kv_bytes_reserved": self.admission.reserved({id(h) for h in active}),
-                "kv_budget": self.kv_budget,
-                "kv_bytes_per_token": self.kv_bytes_per_token(),
-                "paths": dict(self.paths),
-            }
-
-    def announce_scheme(self, bits: int, group_size: int) -> None:
-        """A KV scheme to report in stats before any request uses it (a server's --kv-bits)."""
-        self._kv_schemes.add((bits, group_size))
-
-    def kv_bytes_per_token(self) -> dict[str, float]:
-        """What one token of context costs in the growing KV layers, unquantized and under each
-        KV scheme requests have used (`4bit-g64`, ...)."""
-        out = {"unquantized": self.kv_cost.token_bytes()}
-        for bits, group in sorted(self._kv_schemes):
-            out[f"{bits}bit-g{group}"] = self.kv_cost.token_bytes(bits, group)
-        return out
 
     @property
     def alive(self) -> bool:

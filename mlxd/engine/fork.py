@@ -8,7 +8,7 @@ last prompt token with its own sampler stream."""
 import copy
 from typing import Any
 
-from .batch import BatchedRow
+from .batch_row import BatchedRow
 from .handle import RequestHandle
 from .output import RowOutput
 from .prefix import Plan

@@ -10,7 +10,8 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 
 from ..model.folded_attention import is_folded
-from .batch import BatchedRow, BatchedRows
+from .batch import BatchedRows
+from .batch_row import BatchedRow
 from .handle import RequestHandle
 from .output import RowOutput
 from .rng import KeyOwner, current_key

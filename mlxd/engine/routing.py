@@ -9,7 +9,8 @@ from mlx_lm.generate import generation_stream
 
 from ..kv.batch_quantized import batch_format, is_quantized
 from ..model.folded_attention import is_folded
-from .batch import BatchedRow, BatchedRows, batchable
+from .batch import BatchedRows
+from .batch_row import BatchedRow, batchable
 from .crossing import needs_own_prefill, quantizes
 from .fork import ForkJob
 from .moves import serial_into_batch

@@ -26,10 +26,10 @@ from .body import read_json
 from .errors import bad_request
 from .generation import Generation
 from .offload import offload
-from .openai_api import load_model
 from .params import GenParams
 from .prompt import Prompt
 from .provider import Served
+from .request_checks import load_model
 from .state import ServerState
 from .waiting import until_done_or_disconnect
 

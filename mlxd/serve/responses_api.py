@@ -16,9 +16,9 @@ from .body import read_json
 from .errors import APIError, bad_request
 from .generation import Generation
 from .offload import offload
-from .openai_api import apply_tool_choice, load_model
 from .params import GenParams, check, read_params
 from .prompt import chat_prompt, normalize_messages
+from .request_checks import apply_tool_choice, load_model
 from .responses_convert import chat_tools, flat_tools, input_items, new_id, to_messages
 from .responses_store import ResponseStore
 from .responses_stream import ResponseRun

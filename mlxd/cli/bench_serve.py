@@ -1,0 +1,100 @@
+"""`mlxd bench serve`'s flags and checks: an agent fleet over HTTP, mlxd serve against
+mlx_lm.server (mlxd/bench/serve.py runs it)."""
+
+import argparse
+import sys
+
+
+def agents(text: str) -> list[int]:
+    try:
+        ns = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not ns or ns[0] < 1:
+        raise argparse.ArgumentTypeError("agents must be integers >= 1, e.g. 1,8,32")
+    return ns
+
+
+def add_serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    s = bench_subs.add_parser(
+        "serve",
+        help="agent fleet over HTTP, mlxd serve vs mlx_lm.server",
+        description="N agents share one long system prompt and run T streamed chat turns each, "
+        "all at once, against an mlxd server and an mlx_lm.server on the same model (one after "
+        "the other, or interleaved round by round): output tok/s, TTFT and inter-chunk "
+        "latency p50 / p99, peak RSS.",
+    )
+    w = s.add_argument_group("workload (greedy by default; EOS and control tokens banned)")
+    w.add_argument("--model", default=None, help="local MLX model folder (default: embedded)")
+    w.add_argument("--agents", type=agents, default=[1, 8, 32], help="N values (default 1,8,32)")
+    w.add_argument("--turns", type=int, default=4, help="turns per agent (default 4)")
+    w.add_argument("--max-tokens", type=int, default=256, help="tokens per turn (default 256)")
+    w.add_argument(
+        "--min-tokens",
+        type=int,
+        default=None,
+        help="draw each reply's length from [MIN, --max-tokens] (seeded; the same on both "
+        "servers), so rows end at different steps as real agents' do (default: all --max-tokens)",
+    )
+    w.add_argument(
+        "--system-tokens", type=int, default=3600, help="shared system prompt length (3600)"
+    )
+    w.add_argument("--rounds", type=int, default=1, help="runs per N, each with its own prompts")
+    w.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first an untimed fleet of N agents x 2 short turns on each server (MLX-CUDA "
+        "compiles kernels and cuDNN graphs on first use); 0: none",
+    )
+    w.add_argument("--seed", type=int, default=0, help="seed of the prompt words")
+    w.add_argument(
+        "--temperature", type=float, default=0.0,
+        help="every request's temperature (default 0: greedy); > 0 gives each agent its own "
+        "sampler on both servers, the per-row sampling case",
+    )  # fmt: skip
+    w.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (default 1)")
+    v = s.add_argument_group("servers")
+    v.add_argument("--batch", type=int, default=None, help="mlxd --batch (default: max N)")
+    v.add_argument("--mlxd-args", default="", help="extra flags for mlxd serve, one string")
+    v.add_argument("--mlx-lm-args", default="", help="extra flags for mlx_lm.server, one string")
+    v.add_argument("--only", choices=("mlxd", "mlx-lm"), default=None, help="run one side")
+    v.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to ready")
+    v.add_argument(
+        "--interleave", action="store_true",
+        help="both servers up at once (the model loaded twice), each round run on each in turn, "
+        "the order swapped every round: round r of each server minutes apart, for the "
+        "round-by-round ratios (default: one server after the other)",
+    )  # fmt: skip
+    v.add_argument(
+        "--cache-limit-gb", type=float, default=None, metavar="GB",
+        help="cap MLX's buffer cache in both servers' processes (mx.set_cache_limit): each MLX "
+        "process otherwise keeps freed buffers up to 95%% of the device, so two servers on one "
+        "GPU (--interleave) starve each other (default: MLX's own limit)",
+    )  # fmt: skip
+    v.add_argument(
+        "--baseline", action="store_true",
+        help="before each 1-agent round, mlx-lm's generate_step alone on a first-turn-sized "
+        "prompt (python -m mlxd.bench.raw_step): the 1-agent ITL is reported against it, "
+        "pooled and round by round; mlxd's engine alone (no server) alternates with it",
+    )  # fmt: skip
+    o = s.add_argument_group("output")
+    o.add_argument("--json", default=None, metavar="OUT", help="every raw number")
+    o.add_argument("--markdown", default=None, metavar="OUT.md", help="the table")
+    o.add_argument("--plot", default=None, metavar="OUT.png", help="tok/s and TTFT against N")
+    o.add_argument("--log-dir", default=None, help="server logs (default: a temporary folder)")
+
+
+def run_serve_cmd(args: argparse.Namespace) -> None:
+    if args.turns < 1 or args.max_tokens < 1 or args.system_tokens < 1 or args.rounds < 1:
+        sys.exit("mlxd bench serve: --turns, --max-tokens, --system-tokens, --rounds must be >= 1")
+    if args.min_tokens is not None and not 1 <= args.min_tokens <= args.max_tokens:
+        sys.exit("mlxd bench serve: --min-tokens must be between 1 and --max-tokens")
+    args.batch_given = args.batch is not None
+    if args.batch is None:
+        args.batch = max(args.agents)  # equal caps up to mlx_lm.server's 32
+    from ..bench.serve import run_serve
+
+    if code := run_serve(args):
+        sys.exit(code)
