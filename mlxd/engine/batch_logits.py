@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ..constrain.mask import apply_bitmask
+from ..constrain.processor import GrammarLogitsProcessor
 from ..kv import step_offsets
 from .batch_penalties import apply_penalties
 from .batch_sampling import sample_rows
@@ -29,9 +30,9 @@ from .sampling import LogitBias, Penalty
 def _kinds(processors: list[Any] | None) -> tuple[Any, list[Penalty], Any] | None:
     """(LogitBias or None, penalties, grammar or None) when the row's processors are those,
     in mlx-lm's order (bias, penalties, then the grammar's mask); None for anything else."""
-    from ..constrain.processor import GrammarLogitsProcessor
-
-    procs = list(processors or [])
+    if not processors:
+        return None, [], None  # the usual row, every step: nothing to sort
+    procs = list(processors)
     grammar = procs.pop() if procs and isinstance(procs[-1], GrammarLogitsProcessor) else None
     bias = procs.pop(0) if procs and isinstance(procs[0], LogitBias) else None
     if not all(isinstance(p, Penalty) for p in procs):
@@ -71,14 +72,16 @@ class BiasedGenerationBatch(GenerationBatch):
         return out
 
     def _processed_step(self) -> tuple[list[int], list[mx.array]]:
-        kinds = [_kinds(p) for p in self.logits_processors]
         self.current_read, self._next_read = self._next_read, {}
         ours = any(self.logits_processors) or self._mixed() or self._reading()
         if self.phases is not None:  # this step's lines, to switch phases inside them
             self.phases.building()
             ours = True
-        if any(k is None for k in kinds) or not ours:
-            return super()._step()  # other processors, or nothing this step does otherwise
+        if not ours:
+            return super()._step()  # nothing this step does otherwise
+        kinds = [_kinds(p) for p in self.logits_processors]
+        if any(k is None for k in kinds):
+            return super()._step()  # a processor of the caller's own: mlx-lm's step
         biases = [k[0] for k in kinds]  # type: ignore[index]
         penalties = [k[1] for k in kinds]  # type: ignore[index]
         grammars = [k[2] for k in kinds]  # type: ignore[index]

@@ -116,3 +116,20 @@ def test_rows_asking_for_logprobs_take_mlxd_step_with_batch_generator_bits(
             assert (e.logprob == vector[e.token]) if req.logprob else e.logprob is None
             tops = e.top_logprobs or []
             assert len(tops) == req.top_logprobs and all(lp == vector[i] for i, lp in tops)
+
+
+def test_a_rows_processors_sort_into_bias_penalties_grammar_or_none() -> None:
+    """`_kinds` runs for every row each step the batch's own path is taken: a row without
+    processors is the usual case, and anything unknown must send the batch to mlx-lm's step."""
+    from mlxd.constrain.processor import GrammarLogitsProcessor
+    from mlxd.engine.batch_logits import _kinds
+    from mlxd.engine.sampling import LogitBias, Penalty
+
+    assert _kinds(None) == (None, [], None) and _kinds([]) == (None, [], None)
+    bias = LogitBias({3: 1.0})
+    pen = Penalty("repetition", 1.1, 20, lambda tokens, logits: logits)
+    grammar = GrammarLogitsProcessor.__new__(GrammarLogitsProcessor)  # only its type matters
+    assert _kinds([bias, pen, grammar]) == (bias, [pen], grammar)
+    assert _kinds([pen]) == (None, [pen], None)
+    assert _kinds([bias, lambda tokens, logits: logits]) is None  # a caller's own callable
+    assert _kinds([grammar, bias]) is None  # not mlx-lm's order
