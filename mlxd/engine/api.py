@@ -234,7 +234,8 @@ def batch_generate(
             if handle.done.reason == "stop":
                 events = events[:-1]  # mlx-lm drops the stop token
             tokens.append([e.token for e in events])
-            logprobs.append([e.logprobs[e.token].item() for e in events])
+            if return_logprobs:  # an MLX op and a sync a token: only when asked, as mlx-lm
+                logprobs.append([e.logprobs[e.token].item() for e in events])
             caches.append(handle.done.prompt_cache)
             if verbose:
                 print(f"[batch_generate] Finished processing {fin}/{n} ...", end="\r")
