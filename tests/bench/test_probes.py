@@ -8,6 +8,7 @@ import pytest
 
 from mlxd.bench import (
     probe_attention,
+    probe_batch_host,
     probe_compile,
     probe_filter,
     probe_fresh,
@@ -116,6 +117,18 @@ def test_probe_fresh_compares_the_sides_with_and_without_the_clear(capsys) -> No
     for bad in (["--sides", "mlx-lm,nonsense"], ["--fresh", "tepid"]):
         with pytest.raises(SystemExit):
             probe_fresh.main(bad)
+
+
+def test_probe_batch_host_times_both_batch_generates_round_by_round(capsys) -> None:
+    ms = probe_batch_host.run("qwen3-host", 2, 2, 4)
+    assert set(ms) == {"mlx-lm", "mlxd"} and all(len(v) == 2 and min(v) > 0 for v in ms.values())
+    probe_batch_host.main(["--rows", "2", "--rounds", "1", "--gen-tokens", "3"])
+    (line,) = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(
+        r"qwen3-host, 2 rows: mlx-lm [\d.]+ ms a step, mlxd [\d.]+ ms; "
+        r"mlxd/mlx-lm per round [\d.]+ \[[\d.]+-[\d.]+\]",
+        line,
+    )
 
 
 def test_probe_overhead_splits_mlxds_per_token_time(capsys) -> None:
