@@ -5,8 +5,8 @@ import argparse
 import sys
 
 from ..bench.models import SHAPES
-from ..model.folded_attention import MODES
 from .bench_serve import add_serve_parser, agents, run_serve_cmd
+from .serve_engine import add_step_size_and_attention
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -37,15 +37,10 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="also run N >= 2 streams admitted together (BatchGenerator vs Engine.submit_many)",
     )
-    g.add_argument(
-        "--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill chunk"
-    )
-    g.add_argument(
-        "--batched-attention",
-        choices=MODES,
-        default="mlx",
-        help="mlxd's batched decode attention, as `mlxd serve --batched-attention` (every "
-        "mode but mlx changes bits on CUDA: its token check is reported, not enforced)",
+    add_step_size_and_attention(
+        g,
+        "mlxd's batched decode attention, as `mlxd serve --batched-attention` (every mode but "
+        "mlx changes bits on CUDA: its token check is reported, not enforced)",
     )
     g.add_argument(
         "--decode-step",

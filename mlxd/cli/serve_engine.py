@@ -2,6 +2,7 @@
 switches, the GIL's interval, admission budgets."""
 
 import argparse
+from typing import Any
 
 from mlx_lm.utils import _parse_size
 
@@ -44,22 +45,7 @@ def engine_group(p: argparse.ArgumentParser) -> None:
         "not one per 8 rows (H200, 32 agents on an 8B model: 1.27x tok/s); auto (default): "
         "--prompt-concurrency x --prefill-step-size, mlx-lm's largest wave; 0: mlx-lm's count",
     )
-    g.add_argument(
-        "--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill chunk"
-    )
-    g.add_argument(
-        "--batched-attention",
-        choices=MODES,
-        default="mlx",
-        help="attention of the batched decode step: mlx (MLX's, the same bits as mlx-lm) or "
-        "folded (no masked fallback: much faster on CUDA at long contexts, changes bits there; "
-        "llama, mistral, qwen2, qwen3, qwen3_moe; keep mlx on Metal) or folded+fused (also "
-        "q/k/v and gate/up as one matmul each: fewer kernel calls on CUDA, copies those "
-        "weights, e.g. +9 GB for an 8B model) or flash / flash+fused (the attention as two "
-        "CUDA kernels, float32 softmax: CUDA only, changes bits, faster only at short contexts); "
-        "+shared: a decoding wave's common prefix (>= 512 tokens, e.g. a fleet's system "
-        "prompt) held once, not once per row (changes bits)",
-    )
+    add_step_size_and_attention(g, SERVE_ATTENTION_HELP)
     g.add_argument(
         "--decode-step",
         choices=("rows", "mlx"),
@@ -166,3 +152,24 @@ def _window(text: str) -> float:
     if not 0 <= value <= 10:
         raise argparse.ArgumentTypeError(f"seconds between 0 and 10, not {text!r}")
     return value
+
+
+SERVE_ATTENTION_HELP = (
+    "attention of the batched decode step: mlx (MLX's, the same bits as mlx-lm) or folded (no "
+    "masked fallback: much faster on CUDA at long contexts, changes bits there; llama, mistral, "
+    "qwen2, qwen3, qwen3_moe; keep mlx on Metal) or folded+fused (also q/k/v and gate/up as "
+    "one matmul each: fewer kernel calls on CUDA, copies those weights, e.g. +9 GB for an 8B "
+    "model) or flash / flash+fused (the attention as two CUDA kernels, float32 softmax: CUDA "
+    "only, changes bits, faster only at short contexts); +shared: a decoding wave's common "
+    "prefix (>= 512 tokens, e.g. a fleet's system prompt) held once, not once per row "
+    "(changes bits)"
+)
+
+
+def add_step_size_and_attention(g: Any, attention_help: str) -> None:
+    """`--prefill-step-size` and `--batched-attention`, shared by `mlxd serve` and `mlxd bench
+    generate` (each with its own help for the attention)."""
+    g.add_argument(
+        "--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill chunk"
+    )
+    g.add_argument("--batched-attention", choices=MODES, default="mlx", help=attention_help)
