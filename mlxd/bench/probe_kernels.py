@@ -1,0 +1,172 @@
+"""Where a decode step's GPU time goes, kernel by kernel, on MLX-CUDA: steps run back to back
+as BatchGenerator runs them (step n+1 built while n computes), under PyTorch's profiler, whose
+CUPTI tracing records every kernel of the process (MLX's included). Per step: the wall time,
+the time some kernel ran (GPU busy), the kernel count, and the time by kernel family and by
+kernel name. A step whose GPU is idle for much of its wall time is host-bound; one whose busy
+time is its wall time is bound by the kernels listed. docs/performance.md §1.
+
+    python -m mlxd.bench.probe_kernels --shape qwen3-0.6b --rows 32 --modes folded+fused
+
+Device only (needs torch with CUDA, as the GPU machine's image has); `summarize` is pure.
+"""
+
+import collections
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+# Kernel families by name, first match wins (cuBLASLt's kernels carry sm90_xmma / gemm names;
+# MLX's own are named by op).
+FAMILIES = [
+    ("gemv", r"gemv"),
+    ("matmul", r"gemm|xmma|cutlass|cublas|matmul|gather_mm"),
+    ("sdpa", r"sdpa|flash|attention|cudnn"),
+    ("softmax", r"softmax|logsumexp"),
+    ("norm", r"rms|layer_norm"),
+    ("rope", r"rope"),
+    ("copy", r"copy|concat|slice_update|scatter|gather"),
+    ("reduce", r"reduce|arg_|argmax|all_reduce|row_reduce|col_reduce"),
+    ("compiled", r"compiled|fused"),
+    ("elementwise", r"binary|unary|ternary|select|add|multiply"),
+]
+
+
+def family(name: str) -> str:
+    low = name.lower()
+    return next((f for f, pattern in FAMILIES if re.search(pattern, low)), "other")
+
+
+@dataclass
+class Kernel:
+    name: str
+    start: float  # µs
+    dur: float  # µs
+    grid: str = ""
+
+
+def kernels(trace: dict[str, Any]) -> list[Kernel]:
+    """The kernel events of a Chrome trace (PyTorch's `export_chrome_trace`), by start time."""
+    out = []
+    for e in trace.get("traceEvents", []):
+        if e.get("cat") == "kernel" and "dur" in e:
+            grid = e.get("args", {}).get("grid", "")
+            out.append(Kernel(e["name"], float(e["ts"]), float(e["dur"]), str(grid)))
+    return sorted(out, key=lambda k: k.start)
+
+
+def busy(ks: Iterable[Kernel]) -> float:
+    """µs during which at least one kernel ran (the union of their intervals)."""
+    total, end = 0.0, float("-inf")
+    for k in sorted(ks, key=lambda k: k.start):
+        stop = k.start + k.dur
+        if stop > end:
+            total += stop - max(k.start, end)
+            end = stop
+    return total
+
+
+def summarize(ks: list[Kernel], steps: int, top: int = 20) -> list[str]:
+    """Per-step lines: wall, busy, kernels; by family; the `top` kernel names by time."""
+    if not ks:
+        return ["no kernels recorded (CUPTI saw nothing: is this MLX-CUDA?)"]
+    wall = (max(k.start + k.dur for k in ks) - ks[0].start) / steps
+    on = busy(ks) / steps
+    lines = [
+        f"per step: wall {wall / 1e3:7.3f} ms, GPU busy {on / 1e3:7.3f} ms "
+        f"({100 * on / wall:5.1f}%), idle {(wall - on) / 1e3:6.3f} ms, "
+        f"{len(ks) / steps:6.1f} kernels, {on / max(len(ks) / steps, 1):6.1f} µs a kernel"
+    ]
+    by_family: dict[str, list[float]] = collections.defaultdict(list)
+    by_name: dict[str, list[Kernel]] = collections.defaultdict(list)
+    for k in ks:
+        by_family[family(k.name)].append(k.dur)
+        by_name[k.name].append(k)
+    lines.append("  by family (ms a step, kernels a step, median µs):")
+    for f, durs in sorted(by_family.items(), key=lambda x: -sum(x[1])):
+        lines.append(
+            f"    {f:12} {sum(durs) / steps / 1e3:7.3f} ms  {len(durs) / steps:6.1f}  "
+            f"{statistics.median(durs):8.1f} µs"
+        )
+    lines.append(f"  top {top} kernels (ms a step, count a step, median µs, grid):")
+    ranked = sorted(by_name.items(), key=lambda x: -sum(k.dur for k in x[1]))
+    for name, group in ranked[:top]:
+        durs = [k.dur for k in group]
+        lines.append(
+            f"    {sum(durs) / steps / 1e3:7.3f} ms {len(durs) / steps:6.1f} "
+            f"{statistics.median(durs):8.1f} µs {group[0].grid:>14}  {name[:110]}"
+        )
+    return lines
+
+
+def sequence(ks: list[Kernel], steps: int, first: int = 48) -> list[str]:
+    """The first `first` kernels of the middle step, in order: one layer's kernels read as a
+    list (which matmul is which, what sits between them)."""
+    per = len(ks) // steps
+    mid = ks[per * (steps // 2) : per * (steps // 2) + first]
+    return [f"    {k.dur:8.1f} µs {k.grid:>14}  {k.name[:100]}" for k in mid]
+
+
+def profile(step: Any, steps: int) -> tuple[list[Kernel], float]:
+    """`steps` steps pipelined (each built and queued before the last one's result is read),
+    under torch.profiler; the kernels and the host's wall ms a step."""
+    import mlx.core as mx
+    import torch.profiler as tp
+
+    with tp.profile(activities=[tp.ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        prev = step()
+        mx.async_eval(prev)
+        for _ in range(steps - 1):
+            out = step()
+            mx.async_eval(out)
+            prev[1].tolist()  # BatchGenerator reads the last step's tokens here
+            prev = out
+        prev[1].tolist()
+        wall = (time.perf_counter() - t0) * 1e3 / steps
+    path = os.path.join(tempfile.mkdtemp(), "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        return kernels(json.load(f)), wall
+
+
+def main(argv: list[str] | None = None) -> None:
+    import mlx.core as mx
+
+    from .models import attention_dims, build_random, rows_parser
+    from .probe_ops import _mode, _shares, model_for, step_fn
+
+    p = rows_parser(__doc__, "qwen3-0.6b", [32])
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--modes", nargs="+", type=_mode, default=["folded+fused"])
+    p.add_argument("--top", type=int, default=20)
+    p.add_argument("--sequence", type=int, default=0, help="list this many kernels in order")
+    args = p.parse_args(argv)
+    bm = build_random(args.shape, "bfloat16")
+    _, kv, D, _ = attention_dims(args.shape)
+    graphs = os.environ.get("MLX_USE_CUDA_GRAPHS", "1")
+    for rows in args.rows:
+        for mode in args.modes:
+            model = model_for(bm.model, mode)
+            step = step_fn(model, rows, args.context, kv, D, 2 * args.steps + 8, _shares(mode))
+            for _ in range(3):  # warm-up: kernels compiled, stacked weights built
+                mx.eval(step())
+            ks, host_wall = profile(step, args.steps)
+            print(
+                f"== {args.shape}, {rows} rows x {args.context} keys, {mode}, graphs {graphs}: "
+                f"host wall {host_wall:.3f} ms a step",
+                flush=True,
+            )
+            print("\n".join(summarize(ks, args.steps, args.top)), flush=True)
+            if args.sequence:
+                print("\n".join(sequence(ks, args.steps, args.sequence)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

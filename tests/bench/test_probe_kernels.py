@@ -1,0 +1,54 @@
+"""probe_kernels' reading of a profiler trace (the profiling itself needs torch on MLX-CUDA)."""
+
+from mlxd.bench.probe_kernels import Kernel, busy, family, kernels, sequence, summarize
+
+
+def _trace() -> dict:
+    grid = {"grid": [4, 1, 1]}
+    ev = [  # two steps of three kernels; the gemv overlaps the gemm by 5 µs
+        {"cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 0, "dur": 20, "args": grid},
+        {"cat": "kernel", "name": "gemv_batched", "ts": 15, "dur": 10},
+        {"cat": "kernel", "name": "rms_norm_kernel", "ts": 40, "dur": 10},
+        {"cat": "cpu_op", "name": "ignored", "ts": 0, "dur": 100},
+        {"cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 100, "dur": 30},
+        {"cat": "kernel", "name": "gemv_batched", "ts": 130, "dur": 10},
+        {"cat": "kernel", "name": "rms_norm_kernel", "ts": 190, "dur": 10},
+    ]  # fmt: skip
+    return {"traceEvents": ev}
+
+
+def test_kernels_keep_only_kernel_events_in_start_order() -> None:
+    ks = kernels(_trace())
+    assert [k.start for k in ks] == [0, 15, 40, 100, 130, 190]
+    assert ks[0].grid == "[4, 1, 1]" and ks[1].grid == ""
+
+
+def test_busy_is_the_union_of_intervals() -> None:
+    assert busy([Kernel("a", 0, 20), Kernel("b", 15, 10), Kernel("c", 40, 10)]) == 35
+    assert busy([Kernel("a", 0, 100), Kernel("b", 10, 10)]) == 100
+    assert busy([]) == 0
+
+
+def test_families_by_name() -> None:
+    assert family("sm90_xmma_gemm_bf16bf16_tn") == "matmul"
+    assert family("gemv_batched<bf16>") == "gemv"
+    assert family("rms_norm_kernel") == "norm"
+    assert family("cudnn_sdpa_fprop") == "sdpa"
+    assert family("mystery") == "other"
+
+
+def test_summary_per_step_figures() -> None:
+    lines = summarize(kernels(_trace()), steps=2)
+    # wall (200 - 0) / 2 = 100 µs; busy (35 + 30 + 10 + 10) / 2 = 42.5 µs; 3 kernels a step
+    assert lines[0].startswith("per step: wall   0.100 ms, GPU busy   0.043 ms ( 42.5%)")
+    assert "3.0 kernels" in lines[0]
+    fam = {line.split()[0]: line.split()[1] for line in lines[2:5]}
+    assert fam == {"matmul": "0.025", "gemv": "0.010", "norm": "0.010"}
+    assert lines[6].split()[0] == "0.025" and lines[6].endswith("sm90_xmma_gemm_bf16")
+    assert summarize([], 1) == ["no kernels recorded (CUPTI saw nothing: is this MLX-CUDA?)"]
+
+
+def test_sequence_lists_the_middle_steps_kernels_in_order() -> None:
+    lines = sequence(kernels(_trace()), steps=2, first=2)
+    assert "30.0 µs" in lines[0] and lines[0].endswith("sm90_xmma_gemm_bf16")
+    assert lines[1].endswith("gemv_batched")
