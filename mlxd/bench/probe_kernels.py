@@ -25,7 +25,7 @@ from typing import Any
 # MLX's own are named by op).
 FAMILIES = [
     ("gemv", r"gemv"),
-    ("matmul", r"gemm|xmma|cutlass|cublas|matmul|gather_mm"),
+    ("matmul", r"gemm|xmma|nvjet|cutlass|cublas|matmul|gather_mm"),
     ("sdpa", r"sdpa|flash|attention|cudnn"),
     ("softmax", r"softmax|logsumexp"),
     ("norm", r"rms|layer_norm"),
@@ -112,9 +112,10 @@ def sequence(ks: list[Kernel], steps: int, first: int = 48) -> list[str]:
     return [f"    {k.dur:8.1f} µs {k.grid:>14}  {k.name[:100]}" for k in mid]
 
 
-def profile(step: Any, steps: int) -> tuple[list[Kernel], float]:
-    """`steps` steps pipelined (each built and queued before the last one's result is read),
-    under torch.profiler; the kernels and the host's wall ms a step."""
+def profile(step: Any, steps: int, wait_first: bool = False) -> tuple[list[Kernel], float]:
+    """`steps` steps pipelined (each built and queued before the last one's result is read;
+    `wait_first`: built, then the last one read, then queued: engine/batch_logits.py's
+    MLXD_STEP_ORDER=wait), under torch.profiler; the kernels and the host's wall ms a step."""
     import mlx.core as mx
     import torch.profiler as tp
 
@@ -124,6 +125,8 @@ def profile(step: Any, steps: int) -> tuple[list[Kernel], float]:
         mx.async_eval(prev)
         for _ in range(steps - 1):
             out = step()
+            if wait_first:
+                prev[1].tolist()
             mx.async_eval(out)
             prev[1].tolist()  # BatchGenerator reads the last step's tokens here
             prev = out
@@ -147,6 +150,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--modes", nargs="+", type=_mode, default=["folded+fused"])
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--sequence", type=int, default=0, help="list this many kernels in order")
+    p.add_argument(
+        "--orders", nargs="+", choices=["pipelined", "wait"], default=["pipelined"],
+        help="step orders to profile in turn (wait: the last step read before the next is queued)",
+    )  # fmt: skip
+    p.add_argument("--repeat", type=int, default=1, help="profile the orders in turn this often")
     args = p.parse_args(argv)
     bm = build_random(args.shape, "bfloat16")
     _, kv, D, _ = attention_dims(args.shape)
@@ -154,18 +162,20 @@ def main(argv: list[str] | None = None) -> None:
     for rows in args.rows:
         for mode in args.modes:
             model = model_for(bm.model, mode)
-            step = step_fn(model, rows, args.context, kv, D, 2 * args.steps + 8, _shares(mode))
+            room = len(args.orders) * args.repeat * args.steps + 8
+            step = step_fn(model, rows, args.context, kv, D, room, _shares(mode))
             for _ in range(3):  # warm-up: kernels compiled, stacked weights built
                 mx.eval(step())
-            ks, host_wall = profile(step, args.steps)
-            print(
-                f"== {args.shape}, {rows} rows x {args.context} keys, {mode}, graphs {graphs}: "
-                f"host wall {host_wall:.3f} ms a step",
-                flush=True,
-            )
-            print("\n".join(summarize(ks, args.steps, args.top)), flush=True)
-            if args.sequence:
-                print("\n".join(sequence(ks, args.steps, args.sequence)), flush=True)
+            for _, order in ((r, o) for r in range(args.repeat) for o in args.orders):
+                ks, host_wall = profile(step, args.steps, order == "wait")
+                print(
+                    f"== {args.shape}, {rows} rows x {args.context} keys, {mode}, graphs "
+                    f"{graphs}, {order}: host wall {host_wall:.3f} ms a step",
+                    flush=True,
+                )
+                print("\n".join(summarize(ks, args.steps, args.top)), flush=True)
+                if args.sequence:
+                    print("\n".join(sequence(ks, args.steps, args.sequence)), flush=True)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,13 @@ its masks are filled on the CPU while the device computes the forward. Repetitio
 frequency penalties run kind by kind over the batch (batch_penalties.py). Any other processor
 (a caller's callable) takes mlx-lm's own step, unchanged. After every step the layers' RoPE
 offsets share one add (kv/step_offsets.py).
+
+`wait_first` (MLXD_STEP_ORDER=wait): the step waits for the last one before encoding, not after.
+MLX writes a KV cache slot in place only if no queued kernel still holds the cache's buffer;
+encoded a step ahead, a layer's write copies the whole layer (~270 MB at 32 rows x 4k).
 """
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +54,7 @@ class BiasedGenerationBatch(GenerationBatch):
     _masker: Any = None
     batch_sampling = False  # rows' different samplers in batched calls (batch_sampling.py)
     phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)
+    wait_first = os.environ.get("MLXD_STEP_ORDER") == "wait"  # see the module doc
     # uid -> (logprob?, top k) when that row asked for logprob figures (its owner's lookup), and
     # the figures of the tokens the last step returned / the ones now computing (by uid: rows
     # move between steps)
@@ -73,7 +79,7 @@ class BiasedGenerationBatch(GenerationBatch):
 
     def _processed_step(self) -> tuple[list[int], list[mx.array]]:
         self.current_read, self._next_read = self._next_read, {}
-        ours = any(self.logits_processors) or self._mixed() or self._reading()
+        ours = self.wait_first or any(self.logits_processors) or self._mixed() or self._reading()
         if self.phases is not None:  # this step's lines, to switch phases inside them
             self.phases.building()
             ours = True
@@ -125,6 +131,8 @@ class BiasedGenerationBatch(GenerationBatch):
         reads = [a for r in self._next_read.values() for a in r.arrays()]
         if self.phases is not None:
             self.phases.waiting()
+        if self.wait_first:  # the last step done (its buffers free) before this one is encoded
+            mx.eval(inputs, self._current_logprobs)
         mx.async_eval(self._next_tokens, self._next_logprobs, *reads)
         mx.eval(inputs, self._current_logprobs)
         tokens = inputs.tolist()
