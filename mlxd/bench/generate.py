@@ -130,8 +130,11 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
     arrays = [mx.array(p) for p in lists]
     # Capacity n on both sides: the same batch composition, so the same tokens.
     attention = getattr(args, "batched_attention", "mlx")
-    rows = getattr(args, "decode_step", "rows") == "rows"
-    config = BatchConfig(n, min(n, 8), step, attention=attention, decode_rows=rows)
+    decode_step = getattr(args, "decode_step", "rows")
+    rows, fused = decode_step != "mlx", decode_step == "rows+fused"
+    config = BatchConfig(
+        n, min(n, 8), step, attention=attention, decode_rows=rows, decode_fused=fused
+    )
     engine = Engine(bm.model, batch=n, prefill_step_size=step, batch_config=config)
     # The highest K ids (never EOS of a real vocab's low ids), banned on every stream.
     k = getattr(args, "ban_tokens", 0)
@@ -164,7 +167,7 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
         "streams": n,
         "banned_tokens": k,
         "batched_attention": attention,
-        "decode_step": "rows" if rows else "mlx",
+        "decode_step": decode_step,
         **scheme,
         **out,
         "summary": summary,

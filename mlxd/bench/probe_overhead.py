@@ -5,8 +5,9 @@ over 2-D rows (model/plain_rows.py), on a shape where the host dominates (qwen3-
     python -m mlxd.bench.probe_overhead --layers 1 --rounds 15
     python -m mlxd.bench.probe_overhead --shape qwen3-0.6b --rounds 20 --prompt-tokens 512
 
-Three sides alternate round by round (the order rotating): mlx-lm, mlxd, and mlxd with its
-rows step off (`mlxd/mlx-step`: mlx-lm's model call, `--decode-step mlx`). Prints each side's
+Four sides alternate round by round (the order rotating): mlx-lm, mlxd, mlxd with its rows
+step off (`mlxd/mlx-step`: mlx-lm's model call, `--decode-step mlx`), and mlxd with the lone
+row's q/k/v and gate/up stacked (`mlxd/fused`, `--decode-step rows+fused`). Prints each side's
 per-token time (after the first token; medians over rounds), the per-round speed ratios
 (> 1 when the second side is faster) and, for mlxd, the per-token time spent outside
 `SerialRow.decode` (turns, events, the reader's loop): the part of a host-bound step that is
@@ -63,31 +64,37 @@ def run(shape: str, rounds: int, prompt_tokens: int, gen: int) -> list[str]:
     prompt = mx.array([1 + (i * 7919) % (bm.vocab_size - 1) for i in range(prompt_tokens)])
     config = engine_for(bm.model).config  # the API's engine: its rows step set per side
 
-    def mlxd_with(rows: bool) -> Callable:
+    def mlxd_with(rows: bool, fused: bool = False) -> Callable:
         def fn(*args: Any, **kwargs: Any) -> Iterator[Any]:
-            config.decode_rows = rows  # read when the request's serial row is made
+            config.decode_rows, config.decode_fused = rows, fused  # read per serial row
             return mlxd_stream_generate(*args, **kwargs)
 
         return fn
 
-    sides = {"mlx-lm": stream_generate, "mlxd": mlxd_with(True), "mlxd/mlx-step": mlxd_with(False)}
+    sides = {
+        "mlx-lm": stream_generate,
+        "mlxd": mlxd_with(True),
+        "mlxd/mlx-step": mlxd_with(False),
+        "mlxd/fused": mlxd_with(True, fused=True),
+    }
     for fn in sides.values():  # warm-up
         _per_token(fn, bm, prompt, gen)
     times: dict[str, list[float]] = {k: [] for k in sides}
     outside: list[float] = []
     names = list(sides)
     for r in range(rounds):
-        for name in names[r % 3 :] + names[: r % 3]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             per, out = _per_token(sides[name], bm, prompt, gen)
             times[name].append(per)
             if name == "mlxd":
                 outside.append(out)
-    config.decode_rows = True
+    config.decode_rows, config.decode_fused = True, False
     lines = [
         f"{name}: {statistics.median(v):.1f} us per token [{min(v):.1f}-{max(v):.1f}]"
         for name, v in times.items()
     ]
-    for a, b in (("mlx-lm", "mlxd"), ("mlx-lm", "mlxd/mlx-step"), ("mlxd/mlx-step", "mlxd")):
+    pairs = [("mlx-lm", "mlxd"), ("mlx-lm", "mlxd/mlx-step"), ("mlxd/mlx-step", "mlxd")]
+    for a, b in [*pairs, ("mlxd", "mlxd/fused")]:
         ratios = [x / y for x, y in zip(times[a], times[b], strict=True)]
         lines.append(
             f"per-round speed ratio {a}/{b} {statistics.median(ratios):.3f} "

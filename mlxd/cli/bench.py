@@ -44,7 +44,7 @@ def _engine_group(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--decode-step",
-        choices=("rows", "mlx"),
+        choices=("rows", "rows+fused", "mlx"),
         default="rows",
         help="the --concurrent engine's one-token step, as `mlxd serve --decode-step` (the same "
         "bits either way)",

@@ -54,6 +54,9 @@ class BatchConfig:
     # One-token steps over 2-D rows, fewer views: the serial row's and the mlx mode's batch's
     # (model/plain_rows.py; the same kernels and bits). Off: mlx-lm's model call as it is.
     decode_rows: bool = True
+    # With decode_rows, a lone row's q/k/v and gate/up as one matmul each (plain_rows.py's
+    # `fuse`: the same bits at one row on CUDA's gemv and the CPU; copies those weights).
+    decode_fused: bool = False
     batch_sampling: bool | None = None  # rows' samplers in batched calls (None: where proven)
     prefill_tokens: int | None = None  # a wave's token budget (prompt_waves.py; None: rows only)
     phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)

@@ -34,7 +34,10 @@ class Routing:
     def step_model(self) -> Any:
         """The model a serial row and an mlx-mode batch step: its plain-rows twin
         (model/plain_rows.py) unless that is off. Folded batches fold the model itself."""
-        return self._plain_rows.of(self.model) if self.config.decode_rows else self.model
+        if not self.config.decode_rows:
+            return self.model
+        self._plain_rows.fuse = self.config.decode_fused  # --decode-step rows+fused
+        return self._plain_rows.of(self.model)
 
     def _start(self, joiners: list) -> None:
         """Turn this round's joiners into rows: forks, a serial row, or batch joiners."""

@@ -8,6 +8,12 @@ A small model's step is host-bound on every backend, so a lone agent, or a batch
 them every token. Here each block steps on (B, D) rows as rows_step.py's folded step does, with
 mlx-lm's own attention call (`scaled_dot_product_attention`, the mask as it came): the same
 kernels on the same memory, so the same bits (tests/model/test_plain_rows.py).
+
+`fuse` (`--decode-step rows+fused`): a lone row's q/k/v and gate/up as one matmul each. At one
+row MLX-CUDA runs a matmul as its gemv, one warp's dot over K per output, whatever the width,
+so the stacked product is the same bits there (and on the CPU, tested); the narrow k/v gemvs
+cost ~18 µs each on an 8B H100 step whatever their 8 MB (performance.md §1, session 40). Two
+rows or more keep the separate projections. It copies those weights (8B: +9 GB).
 """
 
 import copy
@@ -17,8 +23,10 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import scaled_dot_product_attention
 
+from .fused_projections import Stacked, stackable, stacked_qkv
 from .gemma_rows import GemmaMLP, GemmaRowsStep, gemma_blocks, gemma_mlps
 from .phi_rows import PhiMLP, PhiRowsAttention, phi_blocks
 from .rows_step import (
@@ -38,14 +46,19 @@ class PlainRowsAttention(RowsAttention):
     """Wraps one layer's attention (separate q, k, v, o projections): a one-token step runs
     over (B, D) rows (`rows`); anything else goes to the original module, op for op."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, fuse: bool = False) -> None:
         super().__init__(inner)
         self.proj = Projections(inner)
+        self.qkv = stacked_qkv(inner) if fuse else None
 
     def rows(self, x: mx.array, mask: Any, cache: Any) -> mx.array:
         """mlx-lm's attention over (B, D) rows (rows_step.heads_rows), its own call after."""
         a, p = self.inner, self.proj
-        q, k, v = heads_rows(a, p.q(x), p.k(x), p.v(x), cache)
+        if self.qkv is not None and x.shape[0] == 1:  # one gemv (the module doc)
+            q, k, v = self.qkv(x)
+        else:
+            q, k, v = p.q(x), p.k(x), p.v(x)
+        q, k, v = heads_rows(a, q, k, v, cache)
         out = scaled_dot_product_attention(q, k, v, cache=cache, scale=a.scale, mask=mask)
         return p.o(out.reshape(x.shape[0], -1))
 
@@ -75,21 +88,38 @@ def _path(model: Any) -> tuple[str, ...] | None:
     return None
 
 
+class OneRowFusedMLP(HeldMLP):
+    """HeldMLP whose lone row runs gate and up as one matmul (the module doc's `fuse`)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__(inner)
+        self._gate_up = Stacked([inner.gate_proj, inner.up_proj])
+
+    def rows(self, x: mx.array) -> mx.array:
+        if x.shape[0] != 1:
+            return super().rows(x)
+        gate, up = self._gate_up(x)
+        return self._down(swiglu(gate, up))
+
+
 class PlainRowsTwin:
     """An engine's plain-rows twin of its model: made on first use and again whenever a module
     or weight it holds was replaced since (an adapter fused, the model quantized or updated
     after the engine started), so a held transpose is never stale. The check is ~0.03 ms at 28
     layers, against ~1 ms to make the twin. It holds no reference to the model itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, fuse: bool = False) -> None:
+        self.fuse = fuse  # plain_rows' `fuse` (a change makes the twin again)
+        self._fused = fuse
         self._model: Any = None  # a weak reference to the model the twin was made from
         self._twin: nn.Module | None = None
         self._held: list[tuple[Any, Any, Any]] = []  # (container, None: the model; key; child)
 
     def of(self, model: nn.Module) -> nn.Module:
-        fresh = self._model is not None and self._model() is model
+        fresh = self._model is not None and self._model() is model and self._fused == self.fuse
         if not (fresh and all((model if c is None else c)[k] is v for c, k, v in self._held)):
-            self._twin = plain_rows(model)  # the model itself where its blocks are not supported
+            # the model itself where its blocks are not supported
+            self._twin, self._fused = plain_rows(model, self.fuse), self.fuse
             self._held = _holdings(model) if self._twin is not model else []
             self._model = weakref.ref(model)
         return self._twin  # type: ignore[return-value]
@@ -126,10 +156,11 @@ _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 
 
-def plain_rows(model: nn.Module) -> nn.Module:
+def plain_rows(model: nn.Module, fuse: bool = False) -> nn.Module:
     """A shallow copy of `model`, sharing its weights, whose one-token steps run over rows
     (held weight transposes, no head transposes); `model` itself when its blocks are not
-    supported. Prefill chunks and anything else run the original modules."""
+    supported. Prefill chunks and anything else run the original modules. `fuse`: a lone row's
+    q/k/v and gate/up as one matmul each, in llama-family and Gemma blocks (the module doc)."""
     if (path := _path(model)) is None:
         return model
     root = shadow = copy.copy(model)
@@ -139,25 +170,31 @@ def plain_rows(model: nn.Module) -> nn.Module:
         shadow, original = shadow[name], original[name]
     layers = []
     for layer in original.layers:
-        layers.append(_rows_twin(layer))
+        layers.append(_rows_twin(layer, fuse))
     shadow.layers = layers
     # The held transposes are views: evaluated here, on the thread that made them, they launch
     # nothing, and any thread can step the twin (MLX streams are per thread: engine/drive.py).
-    mx.eval([h.wt for h in _held_linears(layers)])
+    stacks = [
+        o for t in layers for o in (getattr(t.self_attn, "qkv", None), vars(t.mlp).get("_gate_up"))
+    ]
+    stacked = [a for st in stacks if isinstance(st, Stacked) for a in (*st.arrays.values(), st._wt)]
+    mx.eval([h.wt for h in _held_linears(layers)], stacked)  # the stacks: computed, not views
     return root
 
 
-def _rows_twin(layer: Any) -> Any:
+def _rows_twin(layer: Any, fuse: bool = False) -> Any:
     """A copy of one block stepping over rows: its attention and MLP wrapped by its family's
-    classes, the family's block formula mixed in."""
+    classes, the family's block formula mixed in (Phi-3 loads q/k/v and gate/up stacked)."""
     twin = copy.copy(layer)
     if type(layer) in phi_blocks():
         twin.self_attn, twin.mlp = PhiRowsAttention(layer.self_attn), PhiMLP(layer.mlp)
         return rows_block(twin, RowsStep)
-    twin.self_attn = PlainRowsAttention(layer.self_attn)
+    twin.self_attn = PlainRowsAttention(layer.self_attn, fuse)
     gemma = type(layer) in gemma_blocks()
     if type(layer.mlp) in (gemma_mlps() if gemma else dense_mlps()):
-        twin.mlp = (GemmaMLP if gemma else HeldMLP)(layer.mlp)
+        mlp = layer.mlp
+        fused = fuse and not gemma and stackable([mlp.gate_proj, mlp.up_proj])
+        twin.mlp = OneRowFusedMLP(mlp) if fused else (GemmaMLP if gemma else HeldMLP)(mlp)
     return rows_block(twin, GemmaRowsStep if gemma else RowsStep)
 
 

@@ -123,7 +123,8 @@ class ModelProvider:
                 a.prefill_step_size,
                 attention=a.batched_attention,
                 clear_cache=clears_cache(a.prefill_clear_cache),
-                decode_rows=a.decode_step == "rows",
+                decode_rows=a.decode_step != "mlx",
+                decode_fused=a.decode_step == "rows+fused",
                 batch_sampling={"on": True, "off": False}.get(a.batched_sampling),
                 prefill_tokens=wave_budget(
                     a.prefill_batch_tokens, min(a.batch, a.prompt_concurrency), a.prefill_step_size

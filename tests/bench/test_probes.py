@@ -139,14 +139,14 @@ def test_probe_overhead_splits_mlxds_per_token_time(capsys) -> None:
                          "--gen-tokens", "10"])  # fmt: skip
     assert SerialRow.decode is decode  # the timer is gone again
     lines = capsys.readouterr().out.splitlines()
-    sides = ["mlx-lm", "mlxd", "mlxd/mlx-step"]
+    sides = ["mlx-lm", "mlxd", "mlxd/mlx-step", "mlxd/fused"]
     per = [float(re.match(rf"{side}: ([\d.]+) us per token \[", line)[1])
            for side, line in zip(sides, lines, strict=False)]  # fmt: skip
-    assert len(per) == 3
-    pairs = ["mlx-lm/mlxd", "mlx-lm/mlxd/mlx-step", "mlxd/mlx-step/mlxd"]
-    for pair, line in zip(pairs, lines[3:6], strict=True):
+    assert len(per) == 4
+    pairs = ["mlx-lm/mlxd", "mlx-lm/mlxd/mlx-step", "mlxd/mlx-step/mlxd", "mlxd/mlxd/fused"]
+    for pair, line in zip(pairs, lines[4:8], strict=True):
         assert re.fullmatch(rf"per-round speed ratio {pair} [\d.]+ \[[\d.]+-[\d.]+\]", line)
-    outside = re.fullmatch(r"mlxd outside SerialRow.decode: ([\d.]+) us per token", lines[6])
+    outside = re.fullmatch(r"mlxd outside SerialRow.decode: ([\d.]+) us per token", lines[8])
     assert 0 < float(outside[1]) < per[1]
 
 

@@ -133,3 +133,28 @@ def test_a_rows_processors_sort_into_bias_penalties_grammar_or_none() -> None:
     assert _kinds([pen]) == (None, [pen], None)
     assert _kinds([bias, lambda tokens, logits: logits]) is None  # a caller's own callable
     assert _kinds([grammar, bias]) is None  # not mlx-lm's order
+
+
+def test_the_step_encoded_after_the_last_one_is_read_keeps_mlx_lms_bits(
+    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLXD_STEP_ORDER=wait only moves when a step is queued: the same tokens and logprobs as
+    mlx-lm's BatchGenerator, through mlxd's own step (every step, with no processor at all)."""
+    from mlx_lm import load
+
+    model, tok = load(str(tiny_model("qwen3")))
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    monkeypatch.setattr(BiasedGenerationBatch, "wait_first", True)
+    steps: list[int] = []
+    inner = BiasedGenerationBatch._readouts
+
+    def counting(self, sampled, logprobs):
+        steps.append(len(self.uids))
+        return inner(self, sampled, logprobs)
+
+    monkeypatch.setattr(BiasedGenerationBatch, "_readouts", counting)
+    ref = _oracle(model, prompts, 10, eos, [[] for _ in TEXTS])
+    got = _run(model, prompts, 10, eos, [SamplingParams() for _ in TEXTS])
+    assert_same_outputs(got, ref)
+    assert max(steps) == len(TEXTS) and len(steps) >= 9  # mlxd's step, not mlx-lm's

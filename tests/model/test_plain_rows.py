@@ -285,7 +285,7 @@ def test_a_dropped_model_is_freed_and_its_engine_closed(tiny_model) -> None:
     assert ref() is None and key not in registry._engines
 
 
-@pytest.mark.parametrize("flag", [None, "rows", "mlx"])
+@pytest.mark.parametrize("flag", [None, "rows", "rows+fused", "mlx"])
 def test_serve_takes_the_decode_step(tiny_model, tmp_path, flag) -> None:
     from mlxd.cli import build_parser
     from mlxd.serve.main import make_state
@@ -296,6 +296,7 @@ def test_serve_takes_the_decode_step(tiny_model, tmp_path, flag) -> None:
     try:
         engine = state.provider.default.engine
         assert engine.config.decode_rows is (flag != "mlx")  # rows by default
+        assert engine.config.decode_fused is (flag == "rows+fused")
         assert (engine.step_model() is engine.model) is (flag == "mlx")
     finally:
         state.provider.close()
@@ -311,3 +312,43 @@ def test_the_benchs_other_family_shapes_take_the_rows_step(shape, rows_calls) ->
     assert pr.supports(model)
     assert mx.array_equal(decode(pr.plain_rows(model), 3), decode(model, 3)).item()
     assert len(rows_calls) == 3 * len(model.layers)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
+def test_a_lone_rows_stacked_projections_keep_mlx_lms_bits(tiny_model, arch, rows_calls) -> None:
+    """`--decode-step rows+fused`: one row's q/k/v and gate/up as one matmul each give mlx-lm's
+    bits (on CUDA's gemv by construction, checked here on this backend); two rows keep the
+    separate projections, so the same bits as well; the stacks are the layers' own weights."""
+    model = qwen2_model() if arch == "qwen2" else load_model(tiny_model, arch)
+    twin = pr.plain_rows(model, fuse=True)
+    attn, mlp = twin.model.layers[0].self_attn, twin.model.layers[0].mlp
+    assert attn.qkv is not None and isinstance(mlp, pr.OneRowFusedMLP)
+    inner = model.layers[0].self_attn
+    q, k, v = (getattr(inner, n).weight for n in ("q_proj", "k_proj", "v_proj"))
+    assert mx.array_equal(attn.qkv.arrays["weight"], mx.concatenate([q, k, v])).item()
+    calls: list[int] = []
+    for layer in twin.model.layers:  # count the stacked matmuls' rows
+        real = layer.self_attn.qkv
+        layer.self_attn.qkv = lambda x, real=real: calls.append(x.shape[0]) or real(x)
+    for rows in (1, 2):
+        ref = decode(model, 6, rows)
+        assert mx.array_equal(decode(twin, 6, rows), ref).item(), rows
+    assert calls == [1] * 6 * len(model.layers)  # one row's steps only
+    x = mx.random.normal((1, q.shape[1]), key=mx.random.key(2)).astype(q.dtype)
+    assert mx.array_equal(mlp.rows(x), model.layers[0].mlp(x)).item()
+
+
+def test_the_engine_takes_rows_fused_and_makes_the_twin_again_when_it_changes(tiny_model):
+    model = load_model(tiny_model, "qwen3")
+    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, decode_fused=True))
+    try:
+        fused = engine.step_model()
+        assert fused.model.layers[0].self_attn.qkv is not None
+        events = list(engine.submit(GenerationRequest(prompt=mx.array(PROMPTS[0]), max_tokens=5)))
+        assert len([e for e in events if e.token is not None]) == 5
+        engine.config.decode_fused = False
+        plain = engine.step_model()
+        assert plain is not fused and plain.model.layers[0].self_attn.qkv is None
+        assert engine.step_model() is plain  # made once per setting
+    finally:
+        engine.close()
