@@ -3,11 +3,13 @@
 
 On CUDA a few-row projection costs a fixed ~30 µs a call whatever its width (cuBLASLt), and a
 Qwen3 step makes 7 per layer; stacking the weights of projections that read the same input
-drops 3 of them (H200, docs/performance.md). It copies those weights (Qwen3-8B: +9 GB). On the
+drops 3 of them (H200, docs/performance.md). It copies those weights (Qwen3-8B: +9 GB), once
+for this mode and a rows+fused lone row (`--decode-step`, plain_rows.py) together. On the
 CPU the stacked matmul gives the same bits; on CUDA another kernel shape may round otherwise.
 """
 
 import itertools
+import weakref
 from typing import Any
 
 import mlx.core as mx
@@ -30,7 +32,7 @@ class Stacked:
         if self.quant:
             self.group_size, self.bits, self.mode = first.group_size, first.bits, first.mode
         keys = [k for k in ("weight", "scales", "biases", "bias") if k in first]
-        self.arrays = {k: mx.concatenate([lin[k] for lin in linears], axis=0) for k in keys}
+        self.arrays = _stacked(linears, keys)
         widths = [lin["weight"].shape[0] for lin in linears]
         self.edges = list(itertools.accumulate(widths))[:-1]
         routed = gemv and not self.quant and fits(self.arrays["weight"])  # stackable: one kind
@@ -52,6 +54,33 @@ class Stacked:
             wt = self._wt if x.ndim == 2 else a["weight"].T
             y = x @ wt if "bias" not in a else mx.addmm(a["bias"], x, wt)
         return mx.split(y, self.edges, axis=-1)
+
+
+# The stacks made per first layer of a group (by id: Modules are dicts, unhashable), held
+# weakly with the arrays they were made from: the folded+fused batch and a rows+fused lone row
+# (plain_rows.py) share one copy while either holds it. An entry goes with its layer.
+_STACKS: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+
+def _stacked(linears: list[nn.Module], keys: list[str]) -> dict[str, mx.array]:
+    """Each of `keys` of `linears` stacked by output row; the same arrays again while someone
+    holds them and the layers hold the arrays they were made from."""
+    source = tuple(lin[k] for lin in linears for k in keys)
+    key = id(linears[0])
+    if (hit := _STACKS.get(key)) is None:
+        weakref.finalize(linears[0], _STACKS.pop, key, None)
+    else:
+        made_from, held = hit
+        arrays = {k: ref() for k, ref in held.items()}
+        same = len(made_from) == len(source) and all(
+            r() is a for r, a in zip(made_from, source, strict=True)
+        )
+        if same and all(a is not None for a in arrays.values()):
+            return arrays  # type: ignore[return-value]
+    arrays = {k: mx.concatenate([lin[k] for lin in linears], axis=0) for k in keys}
+    refs = {k: weakref.ref(a) for k, a in arrays.items()}
+    _STACKS[key] = (tuple(weakref.ref(a) for a in source), refs)
+    return arrays
 
 
 def stackable(linears: list[Any]) -> bool:
@@ -105,7 +134,8 @@ def stacked_qkv(attn: Any, gemv: bool = False) -> Stacked | None:
 def stacked_bytes(model: Any) -> int:
     """The bytes `folded(model, fuse=True)` copies: what a memory budget must count twice."""
     total = 0
-    for layer in model.model.layers:
+    inner = model.get("language_model", model)  # a multimodal model's text side
+    for layer in inner.model.layers if "model" in inner else []:
         groups = [[getattr(layer.self_attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]]
         if fused_mlp(layer.mlp) is not layer.mlp:
             groups.append([layer.mlp.gate_proj, layer.mlp.up_proj])

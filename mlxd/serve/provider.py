@@ -106,7 +106,7 @@ class ModelProvider:
         if is_folded(a.batched_attention) and (why := unfoldable(model, a.batched_attention)):
             raise ModelLoadError(f"{folder}: {why}")
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-        if is_fused(a.batched_attention):  # the stacked copies (fused_projections.py)
+        if is_fused(a.batched_attention) or a.decode_step == "rows+fused":  # stacked copies
             weights += stacked_bytes(model)
         kv_budget = kv_budget_from(a, weights)
         store, namespace = make_store(a, folder, adapter, kv_budget)

@@ -314,15 +314,17 @@ def test_the_benchs_other_family_shapes_take_the_rows_step(shape, rows_calls) ->
     assert len(rows_calls) == 3 * len(model.layers)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2", "gemma3"])
 def test_a_lone_rows_stacked_projections_keep_mlx_lms_bits(tiny_model, arch, rows_calls) -> None:
     """`--decode-step rows+fused`: one row's q/k/v and gate/up as one matmul each give mlx-lm's
     bits (on CUDA's gemv by construction, checked here on this backend); two rows keep the
-    separate projections, so the same bits as well; the stacks are the layers' own weights."""
+    separate projections, so the same bits as well; the stacks are the layers' own weights.
+    Gemma 3 stacks q/k/v only (its MLP keeps GemmaMLP)."""
     model = qwen2_model() if arch == "qwen2" else load_model(tiny_model, arch)
     twin = pr.plain_rows(model, fuse=True)
     attn, mlp = twin.model.layers[0].self_attn, twin.model.layers[0].mlp
-    assert attn.qkv is not None and isinstance(mlp, pr.OneRowFusedMLP)
+    assert attn.qkv is not None
+    assert isinstance(mlp, GemmaMLP if arch == "gemma3" else pr.OneRowFusedMLP)
     inner = model.layers[0].self_attn
     q, k, v = (getattr(inner, n).weight for n in ("q_proj", "k_proj", "v_proj"))
     assert mx.array_equal(attn.qkv.arrays["weight"], mx.concatenate([q, k, v])).item()
@@ -352,3 +354,30 @@ def test_the_engine_takes_rows_fused_and_makes_the_twin_again_when_it_changes(ti
         assert engine.step_model() is plain  # made once per setting
     finally:
         engine.close()
+
+
+def test_the_lone_rows_stacks_are_the_fused_batchs_own(tiny_model) -> None:
+    """rows+fused and folded+fused stack the same layers once: one copy of those weights in a
+    server running both, and a replaced weight makes new stacks."""
+    from mlxd.model.folded_attention import folded
+    from mlxd.model.fused_projections import stacked_bytes
+
+    model = load_model(tiny_model, "qwen3")
+    batch = folded(model, fuse=True)
+    lone = pr.plain_rows(model, fuse=True)
+    a, b = batch.model.layers[0].self_attn.qkv, lone.model.layers[0].self_attn.qkv
+    assert a.arrays["weight"] is b.arrays["weight"]
+    assert stacked_bytes(model) > 0
+    layer = model.layers[0].self_attn
+    layer.k_proj.weight = layer.k_proj.weight * 2
+    again = pr.plain_rows(model, fuse=True).model.layers[0].self_attn.qkv
+    assert again.arrays["weight"] is not b.arrays["weight"]
+    assert mx.array_equal(again.arrays["weight"][256:320], layer.k_proj.weight).item()
+    # Held weakly: once no stack holds them, the copies are freed and made anew.
+    import gc
+    import weakref
+
+    gone = weakref.ref(again.arrays["weight"])
+    del again, a, b, batch, lone
+    gc.collect()
+    assert gone() is None
