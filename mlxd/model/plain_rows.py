@@ -9,11 +9,12 @@ them every token. Here each block steps on (B, D) rows as rows_step.py's folded 
 mlx-lm's own attention call (`scaled_dot_product_attention`, the mask as it came): the same
 kernels on the same memory, so the same bits (tests/model/test_plain_rows.py).
 
-`fuse` (`--decode-step rows+fused`): a lone row's q/k/v and gate/up as one matmul each. At one
-row MLX-CUDA runs a matmul as its gemv, one warp's dot over K per output, whatever the width,
-so the stacked product is the same bits there (and on the CPU, tested); the narrow k/v gemvs
-cost ~18 µs each on an 8B H100 step whatever their 8 MB (performance.md §1, session 40). Two
-rows or more keep the separate projections. It copies those weights (8B: +9 GB).
+`fuse` (`--decode-step rows+fused`): a lone row's q/k/v and gate/up (plain Linears) as one
+matmul each. At one row MLX-CUDA runs a matmul as its gemv, one warp's dot over K per output,
+whatever the width, so the stacked product is the same bits there (and on the CPU, tested);
+the narrow k/v gemvs cost ~18 µs each on an 8B H100 step whatever their 8 MB (performance.md
+§1, session 40). Two rows or more keep the separate projections. It copies those weights (8B:
++9 GB, shared with folded+fused's copy).
 """
 
 import copy
@@ -49,7 +50,7 @@ class PlainRowsAttention(RowsAttention):
     def __init__(self, inner: nn.Module, fuse: bool = False) -> None:
         super().__init__(inner)
         self.proj = Projections(inner)
-        self.qkv = stacked_qkv(inner) if fuse else None
+        self.qkv = stacked_qkv(inner) if fuse and _plain(inner, _QKV) else None
 
     def rows(self, x: mx.array, mask: Any, cache: Any) -> mx.array:
         """mlx-lm's attention over (B, D) rows (rows_step.heads_rows), its own call after."""
@@ -193,9 +194,18 @@ def _rows_twin(layer: Any, fuse: bool = False) -> Any:
     gemma = type(layer) in gemma_blocks()
     if type(layer.mlp) in (gemma_mlps() if gemma else dense_mlps()):
         mlp = layer.mlp
-        fused = fuse and not gemma and stackable([mlp.gate_proj, mlp.up_proj])
+        fused = fuse and not gemma and _plain(mlp, ("gate_proj", "up_proj"))
         twin.mlp = OneRowFusedMLP(mlp) if fused else (GemmaMLP if gemma else HeldMLP)(mlp)
     return rows_block(twin, GemmaRowsStep if gemma else RowsStep)
+
+
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _plain(module: Any, names: tuple[str, ...]) -> bool:
+    """Plain Linears only: the argument for the stack's bits is MLX's unquantized gemv."""
+    linears = [getattr(module, n, None) for n in names]
+    return all(type(lin) is nn.Linear for lin in linears) and stackable(linears)
 
 
 def _held_linears(layers: list[Any]) -> list[HeldLinear]:

@@ -381,3 +381,13 @@ def test_the_lone_rows_stacks_are_the_fused_batchs_own(tiny_model) -> None:
     del again, a, b, batch, lone
     gc.collect()
     assert gone() is None
+
+
+def test_a_quantized_model_keeps_its_separate_projections_under_rows_fused(tiny_model) -> None:
+    """The stacks' bits rest on MLX's unquantized gemv: 4-bit layers are not stacked."""
+    model = load_model(tiny_model, "qwen3")
+    nn.quantize(model, group_size=32, bits=4)
+    twin = pr.plain_rows(model, fuse=True)
+    assert twin.model.layers[0].self_attn.qkv is None
+    assert not isinstance(twin.model.layers[0].mlp, pr.OneRowFusedMLP)
+    assert mx.array_equal(decode(twin, 4), decode(model, 4)).item()
