@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rows1.sh [SHAPES]: a lone row's step over 2-D rows (model/plain_rows.py, the default) against
-# mlx-lm's model call (--decode-step mlx) and mlx-lm's stream_generate, the three alternated
-# round by round in one process (probe_overhead), per shape (default: qwen3-0.6b qwen3-8b);
+# mlx-lm's model call (--decode-step mlx), mlx-lm's stream_generate and the stacked projections
+# (--decode-step rows+fused), the four alternated round by round in one process
+# (probe_overhead), per shape (default: qwen3-0.6b qwen3-8b);
 # ROUNDS=12. Then the mlx mode's batched 0.6B step at 2 and 8 rows (probe_ops, alternated).
 set -euo pipefail
 source bench/h200/setup.sh

@@ -141,6 +141,7 @@ def profile(step: Any, steps: int, wait_first: bool = False) -> tuple[list[Kerne
 def main(argv: list[str] | None = None) -> None:
     import mlx.core as mx
 
+    from ..model.plain_rows import plain_rows
     from .models import attention_dims, build_random, rows_parser
     from .probe_ops import _mode, _shares, model_for, step_fn
 
@@ -155,6 +156,11 @@ def main(argv: list[str] | None = None) -> None:
         help="step orders to profile in turn (wait: the last step read before the next is queued)",
     )  # fmt: skip
     p.add_argument("--repeat", type=int, default=1, help="profile the orders in turn this often")
+    p.add_argument(
+        "--fuse", action="store_true",
+        help="the mlx mode's step with a lone row's q/k/v and gate/up stacked "
+        "(--decode-step rows+fused: model/plain_rows.py)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     bm = build_random(args.shape, "bfloat16")
     _, kv, D, _ = attention_dims(args.shape)
@@ -162,14 +168,17 @@ def main(argv: list[str] | None = None) -> None:
     for rows in args.rows:
         for mode in args.modes:
             model = model_for(bm.model, mode)
+            if args.fuse and mode == "mlx":
+                model = plain_rows(bm.model, fuse=True)
             room = len(args.orders) * args.repeat * args.steps + 8
             step = step_fn(model, rows, args.context, kv, D, room, _shares(mode))
             for _ in range(3):  # warm-up: kernels compiled, stacked weights built
                 mx.eval(step())
             for _, order in ((r, o) for r in range(args.repeat) for o in args.orders):
                 ks, host_wall = profile(step, args.steps, order == "wait")
+                fused = " (fused)" if args.fuse and mode == "mlx" else ""
                 print(
-                    f"== {args.shape}, {rows} rows x {args.context} keys, {mode}, graphs "
+                    f"== {args.shape}, {rows} rows x {args.context} keys, {mode}{fused}, graphs "
                     f"{graphs}, {order}: host wall {host_wall:.3f} ms a step",
                     flush=True,
                 )

@@ -52,3 +52,30 @@ def test_sequence_lists_the_middle_steps_kernels_in_order() -> None:
     lines = sequence(kernels(_trace()), steps=2, first=2)
     assert "30.0 µs" in lines[0] and lines[0].endswith("sm90_xmma_gemm_bf16")
     assert lines[1].endswith("gemv_batched")
+
+
+def test_main_profiles_each_order_and_names_the_fused_lone_step(monkeypatch, capsys) -> None:
+    """main's loop on the CPU with the profiler replaced (torch is the device's): each order in
+    turn per mode, the step's steps handed over, and --fuse naming the mlx mode's stacked step."""
+    from mlxd.bench import probe_kernels
+
+    seen: list[tuple[int, bool]] = []
+
+    def fake(step, steps, wait_first=False):
+        logprobs, tokens = step()  # the probe's real step builds and runs here
+        assert tokens.shape == (1,)
+        seen.append((steps, wait_first))
+        return [Kernel("gemv_single", 0, 5), Kernel("rms_norm", 10, 5)], 1.0
+
+    monkeypatch.setattr(probe_kernels, "profile", fake)
+    argv = "--shape qwen3-host --rows 1 --context 32 --steps 3 --modes mlx --fuse"
+    probe_kernels.main([*argv.split(), "--orders", "pipelined", "wait"])
+    out = capsys.readouterr().out.splitlines()
+    heads = [line for line in out if line.startswith("==")]
+    head = "== qwen3-host, 1 rows x 32 keys, mlx (fused), graphs 1"
+    assert heads == [
+        f"{head}, pipelined: host wall 1.000 ms a step",
+        f"{head}, wait: host wall 1.000 ms a step",
+    ]
+    assert seen == [(3, False), (3, True)]
+    assert any(line.startswith("per step: wall   0.005 ms") for line in out)
