@@ -54,8 +54,8 @@ def engine_group(p: argparse.ArgumentParser) -> None:
         "batch: rows (mlx-lm's kernels over 2-D rows, ~23 fewer view nodes a layer for llama, "
         "mistral, qwen2, qwen3, qwen3_moe, gemma3 and phi3 models with unquantized weights: less "
         "host time a token, the same bits), rows+fused (rows, and a lone row's q/k/v and "
-        "gate/up as one matmul each: the same bits on CUDA and the CPU, the stacked weights "
-        "copied, 8B +9 GB; opt-in until measured) or mlx (mlx-lm's model call as it is)",
+        "gate/up as one matmul each: the same bits on CUDA and the CPU, not checked on Metal; "
+        "the stacked weights copied, 8B +9 GB; opt-in until measured) or mlx (mlx-lm's model call as it is)",
     )
     g.add_argument(
         "--prefill-clear-cache",
