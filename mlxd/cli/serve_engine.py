@@ -55,7 +55,8 @@ def engine_group(p: argparse.ArgumentParser) -> None:
         "mistral, qwen2, qwen3, qwen3_moe, gemma3 and phi3 models with unquantized weights: less "
         "host time a token, the same bits), rows+fused (rows, and a lone row's q/k/v and "
         "gate/up as one matmul each: the same bits on CUDA and the CPU, not checked on Metal; "
-        "the stacked weights copied, 8B +9 GB; opt-in until measured) or mlx (mlx-lm's model call as it is)",
+        "the stacked weights copied, 8B +9 GB; opt-in until measured) or mlx (mlx-lm's model "
+        "call as it is)",
     )
     g.add_argument(
         "--prefill-clear-cache",
