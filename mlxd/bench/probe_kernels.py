@@ -37,6 +37,9 @@ FAMILIES = [
 ]
 
 
+BIG_COPY_US = 50.0  # a KV write in place is a few µs; a whole layer at 32 rows x 4k, ~190
+
+
 def family(name: str) -> str:
     low = name.lower()
     return next((f for f, pattern in FAMILIES if re.search(pattern, low)), "other")
@@ -93,6 +96,11 @@ def summarize(ks: list[Kernel], steps: int, top: int = 20) -> list[str]:
             f"    {f:12} {sum(durs) / steps / 1e3:7.3f} ms  {len(durs) / steps:6.1f}  "
             f"{statistics.median(durs):8.1f} µs"
         )
+    big = [k.dur for k in ks if family(k.name) == "copy" and k.dur >= BIG_COPY_US]
+    lines.append(
+        f"  copies of {BIG_COPY_US:.0f} µs or more (whole-layer KV copies: the donation race): "
+        f"{len(big) / steps:.1f} a step, {sum(big) / steps / 1e3:.3f} ms"
+    )
     lines.append(f"  top {top} kernels (ms a step, count a step, median µs, grid):")
     ranked = sorted(by_name.items(), key=lambda x: -sum(k.dur for k in x[1]))
     for name, group in ranked[:top]:

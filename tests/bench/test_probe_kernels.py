@@ -44,7 +44,10 @@ def test_summary_per_step_figures() -> None:
     assert "3.0 kernels" in lines[0]
     fam = {line.split()[0]: line.split()[1] for line in lines[2:5]}
     assert fam == {"matmul": "0.025", "gemv": "0.010", "norm": "0.010"}
-    assert lines[6].split()[0] == "0.025" and lines[6].endswith("sm90_xmma_gemm_bf16")
+    assert lines[5] == (
+        "  copies of 50 µs or more (whole-layer KV copies: the donation race): 0.0 a step, 0.000 ms"
+    )
+    assert lines[7].split()[0] == "0.025" and lines[7].endswith("sm90_xmma_gemm_bf16")
     assert summarize([], 1) == ["no kernels recorded (CUPTI saw nothing: is this MLX-CUDA?)"]
 
 
@@ -79,3 +82,10 @@ def test_main_profiles_each_order_and_names_the_fused_lone_step(monkeypatch, cap
     ]
     assert seen == [(3, False), (3, True)]
     assert any(line.startswith("per step: wall   0.005 ms") for line in out)
+
+
+def test_the_big_copies_are_counted_apart() -> None:
+    ks = [Kernel("copy_v<bf16>", 0, 186), Kernel("copy_gg_nd<bf16>", 200, 3)]
+    ks.append(Kernel("gemm", 300, 9))
+    (line,) = [x for x in summarize(ks, steps=2) if x.startswith("  copies of 50")]
+    assert line.endswith("0.5 a step, 0.093 ms")  # the 186 µs copy only, over 2 steps
