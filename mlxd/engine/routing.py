@@ -36,8 +36,7 @@ class Routing:
         (model/plain_rows.py) unless that is off. Folded batches fold the model itself."""
         if not self.config.decode_rows:
             return self.model
-        self._plain_rows.fuse = self.config.decode_fused  # --decode-step rows+fused
-        return self._plain_rows.of(self.model)
+        return self._plain_rows.of(self.model, self.config.decode_fused)  # rows+fused
 
     def _start(self, joiners: list) -> None:
         """Turn this round's joiners into rows: forks, a serial row, or batch joiners."""

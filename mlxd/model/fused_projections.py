@@ -39,6 +39,10 @@ class Stacked:
         self.gemv = GemvMatmul(self.arrays["weight"]) if routed else None
         self._wt = self.arrays["weight"].T  # made once: no Transpose node a step (rows_step.py)
 
+    def held(self) -> list[mx.array]:
+        """The arrays a step reads (the stacks and the held transpose), to evaluate up front."""
+        return [*self.arrays.values(), self._wt]
+
     def __call__(self, x: mx.array) -> list[mx.array]:
         a = self.arrays
         if self.gemv is not None and self.gemv.takes(x):

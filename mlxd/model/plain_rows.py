@@ -109,18 +109,18 @@ class PlainRowsTwin:
     after the engine started), so a held transpose is never stale. The check is ~0.03 ms at 28
     layers, against ~1 ms to make the twin. It holds no reference to the model itself."""
 
-    def __init__(self, fuse: bool = False) -> None:
-        self.fuse = fuse  # plain_rows' `fuse` (a change makes the twin again)
-        self._fused = fuse
+    def __init__(self) -> None:
+        self._fused = False  # the twin's plain_rows `fuse`
         self._model: Any = None  # a weak reference to the model the twin was made from
         self._twin: nn.Module | None = None
         self._held: list[tuple[Any, Any, Any]] = []  # (container, None: the model; key; child)
 
-    def of(self, model: nn.Module) -> nn.Module:
-        fresh = self._model is not None and self._model() is model and self._fused == self.fuse
+    def of(self, model: nn.Module, fuse: bool = False) -> nn.Module:
+        """The twin of `model` (plain_rows' `fuse`: a change of it makes the twin again)."""
+        fresh = self._model is not None and self._model() is model and self._fused == fuse
         if not (fresh and all((model if c is None else c)[k] is v for c, k, v in self._held)):
             # the model itself where its blocks are not supported
-            self._twin, self._fused = plain_rows(model, self.fuse), self.fuse
+            self._twin, self._fused = plain_rows(model, fuse), fuse
             self._held = _holdings(model) if self._twin is not model else []
             self._model = weakref.ref(model)
         return self._twin  # type: ignore[return-value]
@@ -178,7 +178,7 @@ def plain_rows(model: nn.Module, fuse: bool = False) -> nn.Module:
     stacks = [
         o for t in layers for o in (getattr(t.self_attn, "qkv", None), vars(t.mlp).get("_gate_up"))
     ]
-    stacked = [a for st in stacks if isinstance(st, Stacked) for a in (*st.arrays.values(), st._wt)]
+    stacked = [a for st in stacks if isinstance(st, Stacked) for a in st.held()]
     mx.eval([h.wt for h in _held_linears(layers)], stacked)  # the stacks: computed, not views
     return root
 

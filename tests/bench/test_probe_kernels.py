@@ -71,6 +71,7 @@ def test_main_profiles_each_order_and_names_the_fused_lone_step(monkeypatch, cap
         return [Kernel("gemv_single", 0, 5), Kernel("rms_norm", 10, 5)], 1.0
 
     monkeypatch.setattr(probe_kernels, "profile", fake)
+    monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)  # read for the header: "graphs 1"
     argv = "--shape qwen3-host --rows 1 --context 32 --steps 3 --modes mlx --fuse"
     probe_kernels.main([*argv.split(), "--orders", "pipelined", "wait"])
     out = capsys.readouterr().out.splitlines()
