@@ -26,9 +26,14 @@ env_ab() {  # env_ab VAR "VALUES" TXT MODEL BENCH_ARGS...: mlxd alone, ROUNDS (d
     for value in $values; do
       run="$value-$round"
       echo "== $var=$value round $round" | tee -a "$txt"
-      env "$var=$value" MLXD_TRACE="$OUT/trace-$run.jsonl" python3 -m mlxd bench serve \
+      # KERNELS_AT="ROWS START TURNS": each kernel's GPU time over that window of the server's
+      # turns (engine/kernel_window.py), appended to TXT after the round.
+      env "$var=$value" MLXD_TRACE="$OUT/trace-$run.jsonl" \
+        ${KERNELS_AT:+MLXD_KERNELS="$OUT/kernels-$run.txt" MLXD_KERNELS_AT="$KERNELS_AT"} \
+        python3 -m mlxd bench serve \
         --model "$model" "$@" --only mlxd --seed "$round" --json "$OUT/env-$run.json" \
         2>&1 | grep -E "^\| [0-9]|round" | tee -a "$txt"
+      [ -f "$OUT/kernels-$run.txt" ] && tee -a "$txt" < "$OUT/kernels-$run.txt" && rm "$OUT/kernels-$run.txt"
       python3 -m mlxd.bench.trace_report "$OUT/trace-$run.jsonl" | grep -E "rows:|leaving|'batched'|held" \
         | tee -a "$txt" || true
     done

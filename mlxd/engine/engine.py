@@ -25,6 +25,7 @@ from .batch_row import BatchConfig, batchable
 from .drive import Driving
 from .fork import ForkJob
 from .handle import RequestHandle
+from .kernel_window import KernelWindow
 from .kv_budget import KVCost
 from .materialize import materialize
 from .moves import Serial, drain_keeps_bits
@@ -110,6 +111,7 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
         self._keys = KeyOwner()
         self._stopped = threading.Event()
         self._trace = Trace.from_env()  # MLXD_TRACE=FILE: a line per turn; else a no-op
+        self._kernels = KernelWindow.from_env()  # MLXD_KERNELS=FILE: GPU time; else a no-op
         self._init_driving()
         self._thread = run_on_worker(self._loop, self._stopped)
         _live.add(self)

@@ -29,6 +29,7 @@ class Turns:
     # buffers (allocator.cpp), so after any failed step the engine releases them: the next
     # step, or another process on the GPU, gets that memory. Buffers only: no bits change.
     _trace: Any
+    _kernels: Any
     admission: Any
     sharing: Any
     paths: Any
@@ -70,6 +71,7 @@ class Turns:
                 trace.mark("tick")
             self._busy_s += time.perf_counter() - tic
             trace.end(self._active, len(self.admission.waiting), self.paths)
+            self._kernels.turn(sum(len(b) for b in self._batches.values()))
         except Exception as e:  # noqa: BLE001 - the loop must outlive any one turn's failure
             log.exception("engine turn failed; its rows end with the error")
             self._fail_running(e)

@@ -1,0 +1,96 @@
+"""MLXD_KERNELS=FILE: each kernel's GPU time over a window of the running engine's turns, for
+device runs (MLX-CUDA with PyTorch's CUPTI-backed profiler in the process, as probe_kernels).
+
+MLXD_KERNELS_AT="ROWS START TURNS" (default "32 60 40"): the window opens at the START-th turn
+with at least ROWS rows running and closes TURNS such turns later (or at the first turn with
+fewer rows). FILE then gets probe_kernels' summary per turn (wall, GPU busy, kernels, families,
+the donation race's whole-layer copies), and the host's wall time a turn. One window a process.
+It answers what probe_kernels alone cannot: whether a fleet's step, slower than the same step
+alone, spends the difference on the GPU (copies) or waiting for the host (the GIL, the HTTP
+side). docs/performance.md §1. Unset: `NoWindow`, whose `turn` does nothing.
+"""
+
+import os
+import time
+from typing import Any
+
+
+class NoWindow:
+    def turn(self, rows: int) -> None:
+        pass
+
+
+class KernelWindow(NoWindow):
+    def __init__(self, path: str, rows: int, start: int, turns: int, profiler: Any) -> None:
+        self.path, self.rows, self.start, self.turns = path, rows, start, turns
+        self._profiler = profiler  # torch.profiler's (`_cupti`); tests pass a stand-in
+        self._seen = self._profiled = 0
+        self._open: Any = None
+        self._t0 = 0.0
+        self.done = False
+
+    @staticmethod
+    def from_env() -> NoWindow:
+        path = os.environ.get("MLXD_KERNELS")
+        if not path:
+            return NoWindow()
+        rows, start, turns = (int(x) for x in os.environ.get("MLXD_KERNELS_AT", "32 60 40").split())
+        return KernelWindow(path, rows, start, turns, _cupti())
+
+    def turn(self, rows: int) -> None:
+        """Called after each engine turn with the rows then running."""
+        if self.done:
+            return
+        if self._open is not None:
+            if rows >= self.rows:
+                self._profiled += 1
+            if rows < self.rows or self._profiled >= self.turns:
+                self._close()
+            return
+        if rows >= self.rows:
+            self._seen += 1
+            if self._seen >= self.start:
+                self._begin()
+
+    def _begin(self) -> None:
+        self._open = self._profiler
+        self._open.__enter__()
+        self._t0 = time.perf_counter()
+
+    def _close(self) -> None:
+        wall_ms = (time.perf_counter() - self._t0) * 1e3 / max(self._profiled, 1)
+        self._open.__exit__(None, None, None)
+        self.done = True
+        lines = [
+            f"== engine window: {self._profiled} turns of >= {self.rows} rows from the "
+            f"{self.start}-th, step order {os.environ.get('MLXD_STEP_ORDER', 'pipelined')}: "
+            f"host wall {wall_ms:.3f} ms a turn"
+        ]
+        try:
+            lines += self._summary()
+        except Exception as e:  # noqa: BLE001 - a diagnostic must not end the engine's rows
+            lines.append(f"no summary: {e!r}")
+        with open(self.path, "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def _summary(self) -> list[str]:
+        import json
+        import tempfile
+
+        # The trace reading is probe_kernels' (a bench tool; imported only when a window closes).
+        from ..bench.probe_kernels import kernels, summarize
+
+        trace = os.path.join(tempfile.mkdtemp(), "trace.json")
+        self._open.export_chrome_trace(trace)
+        with open(trace) as f:
+            ks = kernels(json.load(f))
+        os.remove(trace)
+        return summarize(ks, max(self._profiled, 1), top=12)
+
+
+def _cupti() -> Any:
+    """torch.profiler over CUDA kernels, made at the engine's start: importing torch takes
+    seconds, which mid-fleet would stall the rows."""
+    import torch.profiler as tp
+
+    return tp.profile(activities=[tp.ProfilerActivity.CUDA])

@@ -1,0 +1,113 @@
+"""MLXD_KERNELS' window over the engine's turns (the profiler is a stand-in: CUPTI needs a GPU)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mlxd.engine.kernel_window import KernelWindow, NoWindow
+
+
+class FakeProfiler:
+    def __init__(self) -> None:
+        self.entered = self.exited = 0
+
+    def __enter__(self) -> "FakeProfiler":
+        self.entered += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.exited += 1
+
+    def export_chrome_trace(self, path: str) -> None:
+        # Two turns of 1,000 µs: a 600 µs matmul, and one whole-layer copy in the second.
+        ev = [
+            {"cat": "kernel", "name": "nvjet_gemm", "ts": 0, "dur": 600},
+            {"cat": "kernel", "name": "nvjet_gemm", "ts": 1000, "dur": 600},
+            {"cat": "kernel", "name": "copy_v", "ts": 1700, "dur": 200},
+            {"cat": "cpu_op", "name": "host", "ts": 0, "dur": 2000},
+        ]
+        Path(path).write_text(json.dumps({"traceEvents": ev}))
+
+
+def _window(tmp_path: Path, start: int = 2, turns: int = 2) -> tuple[KernelWindow, FakeProfiler]:
+    prof = FakeProfiler()
+    return KernelWindow(str(tmp_path / "k.txt"), 4, start, turns, profiler=prof), prof
+
+
+def test_window_opens_at_the_start_th_full_turn_and_closes_after_its_turns(tmp_path: Path) -> None:
+    w, prof = _window(tmp_path)
+    for rows in [1, 4, 3]:  # one turn of 4 rows seen; turns below 4 rows do not count
+        w.turn(rows)
+    assert prof.entered == 0
+    w.turn(4)  # the 2nd turn of 4 rows: the window opens after it
+    assert prof.entered == 1 and prof.exited == 0
+    w.turn(5)
+    assert prof.exited == 0
+    w.turn(4)  # 2 turns profiled: closed
+    assert prof.exited == 1 and w.done
+    w.turn(4)
+    w.turn(4)
+    assert prof.entered == 1  # one window a process
+    text = (tmp_path / "k.txt").read_text()
+    assert "2 turns of >= 4 rows from the 2-th" in text
+    # wall (1,900 µs span) / 2 = 0.950 ms; busy 1,400 / 2 = 0.700 ms; one copy over 2 turns.
+    assert "wall   0.950 ms, GPU busy   0.700 ms" in text
+    assert "0.5 a step, 0.100 ms" in text
+
+
+def test_window_closes_early_when_rows_fall(tmp_path: Path) -> None:
+    w, prof = _window(tmp_path, start=1, turns=10)
+    w.turn(4)
+    w.turn(4)
+    w.turn(2)
+    assert prof.exited == 1
+    assert "1 turns of >= 4 rows" in (tmp_path / "k.txt").read_text()
+
+
+def test_a_failed_summary_is_written_not_raised(tmp_path: Path) -> None:
+    w, prof = _window(tmp_path, start=1, turns=1)
+
+    def broken(path: str) -> None:
+        raise RuntimeError("no trace")
+
+    prof.export_chrome_trace = broken  # type: ignore[method-assign]
+    w.turn(4)
+    w.turn(4)
+    assert "no summary: RuntimeError('no trace')" in (tmp_path / "k.txt").read_text()
+
+
+def test_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("MLXD_KERNELS", raising=False)
+    assert type(KernelWindow.from_env()) is NoWindow
+    monkeypatch.setenv("MLXD_KERNELS", str(tmp_path / "k.txt"))
+    monkeypatch.setattr("mlxd.engine.kernel_window._cupti", FakeProfiler)
+    monkeypatch.setenv("MLXD_KERNELS_AT", "8 3 5")
+    w = KernelWindow.from_env()
+    assert isinstance(w, KernelWindow) and (w.rows, w.start, w.turns) == (8, 3, 5)
+    monkeypatch.delenv("MLXD_KERNELS_AT")
+    w = KernelWindow.from_env()
+    assert isinstance(w, KernelWindow) and (w.rows, w.start, w.turns) == (32, 60, 40)
+
+
+def test_the_engine_reports_its_batched_rows_each_turn(tiny_model, monkeypatch) -> None:
+    import mlx.core as mx
+    from mlx_lm import load
+
+    from mlxd.engine.engine import Engine
+    from mlxd.engine.request import GenerationRequest
+
+    monkeypatch.setattr("mlxd.engine.kernel_window._cupti", FakeProfiler)
+    monkeypatch.setenv("MLXD_KERNELS", "unused")
+    monkeypatch.setenv("MLXD_KERNELS_AT", "2 1 3")
+    engine = Engine(load(str(tiny_model("qwen3")))[0], batch=4)
+    window = engine._kernels
+    assert isinstance(window, KernelWindow)
+    seen: list[int] = []
+    window.turn = seen.append  # type: ignore[method-assign]
+    first = engine.submit(GenerationRequest(prompt=mx.array([1, 2, 3, 4]), max_tokens=8))
+    next(iter(first))  # the lone row decodes serially (no batched rows) before the second joins
+    second = engine.submit(GenerationRequest(prompt=mx.array(list(range(10, 30))), max_tokens=8))
+    first.wait(), second.wait()
+    engine.close()
+    assert seen[0] == 0 and 2 in seen  # serial turns report 0; the two-row batch reports 2
