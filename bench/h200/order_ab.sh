@@ -4,6 +4,8 @@
 # in place, engine/batch_logits.py), mlxd alone, ROUNDS (default 2) alternations of one round
 # each with MLXD_TRACE: tok/s, TTFT, ITL and the rounds' step lines in order-ab.txt. Before it,
 # unless KERNELS=0, probe_kernels times both orders' step at 32 rows (graphs as in MLXD_ARGS).
+# Each fleet round also profiles a window of its own turns (KERNELS_AT, default "32 60 40": the
+# 60th to 100th turn with 32 rows; engine/kernel_window.py): GPU busy, copies, host parts.
 set -euo pipefail
 source bench/h200/setup.sh
 shape=$1 agents=$2 extra=$3
@@ -19,6 +21,6 @@ fi
 work=(--agents "$agents" --turns 2 --warmup 8 --max-tokens 256 --system-tokens 3600
   --batch "${BATCH:-32}" --mlxd-args "$extra")
 python3 -m mlxd bench serve --model "$model" "${work[@]}" --only mlxd >/dev/null 2>&1 || true
-ROUNDS=${ROUNDS:-2} env_ab MLXD_STEP_ORDER "pipelined wait" order-ab.txt "$model" "${work[@]}"
+KERNELS_AT=${KERNELS_AT-32 60 40} ROUNDS=${ROUNDS:-2} env_ab MLXD_STEP_ORDER "pipelined wait" order-ab.txt "$model" "${work[@]}"
 cd "$OUT" && tar czf "order-ab-traces-$shape.tar.gz" trace-*.jsonl env-*.json \
   && rm -f trace-*.jsonl env-*.json && mv order-ab.txt "order-ab-$shape-$agents.txt"

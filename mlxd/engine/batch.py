@@ -75,6 +75,7 @@ class BatchedRows:
         self.wave = (config.prefill_batch_size, config.prefill_tokens)  # floor, token budget
         self.clears = config.clear_cache
         self.decode.phases = config.phases
+        self.decode.clock = config.clock
         self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch

@@ -30,6 +30,7 @@ from .batch_sampling import sample_rows
 from .gil import StepPhases
 from .output import Readout
 from .sampling import LogitBias, Penalty
+from .step_clock import StepClock
 
 
 def _kinds(processors: list[Any] | None) -> tuple[Any, list[Penalty], Any] | None:
@@ -55,6 +56,7 @@ class BiasedGenerationBatch(GenerationBatch):
     batch_sampling = False  # rows' different samplers in batched calls (batch_sampling.py)
     phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)
     wait_first = os.environ.get("MLXD_STEP_ORDER") == "wait"  # see the module doc
+    clock: StepClock | None = None  # the host time of the step's parts (MLXD_KERNELS' window)
     # uid -> (logprob?, top k) when that row asked for logprob figures (its owner's lookup), and
     # the figures of the tokens the last step returned / the ones now computing (by uid: rows
     # move between steps)
@@ -82,6 +84,9 @@ class BiasedGenerationBatch(GenerationBatch):
         ours = self.wait_first or any(self.logits_processors) or self._mixed() or self._reading()
         if self.phases is not None:  # this step's lines, to switch phases inside them
             self.phases.building()
+            ours = True
+        if (clock := self.clock) is not None:  # this step's lines, to time their parts
+            clock.start()
             ours = True
         if not ours:
             return super()._step()  # nothing this step does otherwise
@@ -131,10 +136,18 @@ class BiasedGenerationBatch(GenerationBatch):
         reads = [a for r in self._next_read.values() for a in r.arrays()]
         if self.phases is not None:
             self.phases.waiting()
+        if clock is not None:
+            clock.mark("build")
         if self.wait_first:  # the last step done (its buffers free) before this one is encoded
             mx.eval(inputs, self._current_logprobs)
+            if clock is not None:
+                clock.mark("wait first")
         mx.async_eval(self._next_tokens, self._next_logprobs, *reads)
+        if clock is not None:
+            clock.mark("encode")
         mx.eval(inputs, self._current_logprobs)
+        if clock is not None:
+            clock.mark("wait")
         tokens = inputs.tolist()
         for history, token in zip(self.tokens, tokens, strict=True):
             history.append(token)

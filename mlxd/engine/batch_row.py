@@ -12,6 +12,7 @@ from .output import RowOutput
 from .prefix import Plan
 from .request import GenerationRequest
 from .sampling import Key, KeyedSampler
+from .step_clock import StepClock
 
 
 @dataclass
@@ -60,6 +61,7 @@ class BatchConfig:
     batch_sampling: bool | None = None  # rows' samplers in batched calls (None: where proven)
     prefill_tokens: int | None = None  # a wave's token budget (prompt_waves.py; None: rows only)
     phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)
+    clock: StepClock | None = None  # the host time of a step's parts (MLXD_KERNELS, step_clock.py)
 
 
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:

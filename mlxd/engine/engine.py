@@ -12,6 +12,7 @@ import collections
 import logging
 import threading
 import weakref
+from dataclasses import replace
 from typing import Any
 
 # mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
@@ -79,6 +80,9 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
         materialize(model)
         self.batch = batch
         self.config = batch_config or BatchConfig(batch, min(batch, 8), prefill_step_size)
+        self._kernels = KernelWindow.from_env()  # MLXD_KERNELS=FILE: GPU time; else a no-op
+        if isinstance(self._kernels, KernelWindow):  # the window times the step's host parts too
+            self.config = replace(self.config, clock=self._kernels.clock)
         mode = self.config.attention
         if is_folded(mode) and (why := unfoldable(model, mode)) is not None:
             raise ValueError(why)
@@ -111,7 +115,6 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
         self._keys = KeyOwner()
         self._stopped = threading.Event()
         self._trace = Trace.from_env()  # MLXD_TRACE=FILE: a line per turn; else a no-op
-        self._kernels = KernelWindow.from_env()  # MLXD_KERNELS=FILE: GPU time; else a no-op
         self._init_driving()
         self._thread = run_on_worker(self._loop, self._stopped)
         _live.add(self)

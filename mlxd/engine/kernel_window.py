@@ -14,6 +14,8 @@ import os
 import time
 from typing import Any
 
+from .step_clock import StepClock
+
 
 class NoWindow:
     def turn(self, rows: int) -> None:
@@ -24,10 +26,11 @@ class KernelWindow(NoWindow):
     def __init__(self, path: str, rows: int, start: int, turns: int, profiler: Any) -> None:
         self.path, self.rows, self.start, self.turns = path, rows, start, turns
         self._profiler = profiler  # torch.profiler's (`_cupti`); tests pass a stand-in
-        self._seen = self._profiled = 0
+        self._seen = self._profiled = self._turns = 0  # turns seen full, profiled full, in all
         self._open: Any = None
         self._t0 = 0.0
         self.done = False
+        self.clock = StepClock()  # the engine hands it to its batched step (batch_logits.py)
 
     @staticmethod
     def from_env() -> NoWindow:
@@ -42,6 +45,7 @@ class KernelWindow(NoWindow):
         if self.done:
             return
         if self._open is not None:
+            self._turns += 1
             if rows >= self.rows:
                 self._profiled += 1
             if rows < self.rows or self._profiled >= self.turns:
@@ -55,25 +59,28 @@ class KernelWindow(NoWindow):
     def _begin(self) -> None:
         self._open = self._profiler
         self._open.__enter__()
+        self.clock.reset()
         self._t0 = time.perf_counter()
 
     def _close(self) -> None:
-        wall_ms = (time.perf_counter() - self._t0) * 1e3 / max(self._profiled, 1)
+        wall_ms = (time.perf_counter() - self._t0) * 1e3 / max(self._turns, 1)
         self._open.__exit__(None, None, None)
         self.done = True
         lines = [
             f"== engine window: {self._profiled} turns of >= {self.rows} rows from the "
             f"{self.start}-th, step order {os.environ.get('MLXD_STEP_ORDER', 'pipelined')}: "
-            f"host wall {wall_ms:.3f} ms a turn"
+            f"host wall {wall_ms:.3f} ms a turn",
+            f"  {self.clock.line()}; the rest of a turn (the engine's, mlx-lm's own work) "
+            f"{wall_ms - sum(self.clock.sums.values()) * 1e3 / max(self.clock.steps, 1):.3f}",
         ]
         try:
-            lines += self._summary()
+            lines += self._summary(max(self._turns, 1))
         except Exception as e:  # noqa: BLE001 - a diagnostic must not end the engine's rows
             lines.append(f"no summary: {e!r}")
         with open(self.path, "a") as f:
             f.write("\n".join(lines) + "\n")
 
-    def _summary(self) -> list[str]:
+    def _summary(self, turns: int) -> list[str]:
         import json
         import tempfile
 
@@ -85,7 +92,7 @@ class KernelWindow(NoWindow):
         with open(trace) as f:
             ks = kernels(json.load(f))
         os.remove(trace)
-        return summarize(ks, max(self._profiled, 1), top=12)
+        return summarize(ks, turns, top=12)
 
 
 def _cupti() -> Any:

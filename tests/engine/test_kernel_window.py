@@ -90,24 +90,56 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert isinstance(w, KernelWindow) and (w.rows, w.start, w.turns) == (32, 60, 40)
 
 
-def test_the_engine_reports_its_batched_rows_each_turn(tiny_model, monkeypatch) -> None:
+def _two_rows(engine) -> list[list[int]]:
     import mlx.core as mx
+
+    from mlxd.engine.request import GenerationRequest
+
+    first = engine.submit(GenerationRequest(prompt=mx.array([1, 2, 3, 4]), max_tokens=8))
+    it = iter(first)
+    head = [next(it).token]  # the lone row decodes serially (no batched rows) first
+    second = engine.submit(GenerationRequest(prompt=mx.array(list(range(10, 30))), max_tokens=8))
+    a = head + [e.token for e in it]
+    b = [e.token for e in second]
+    engine.close()
+    return [a, b]
+
+
+def test_the_engine_reports_its_rows_and_times_its_steps(tiny_model, monkeypatch, tmp_path) -> None:
     from mlx_lm import load
 
     from mlxd.engine.engine import Engine
-    from mlxd.engine.request import GenerationRequest
 
+    model = load(str(tiny_model("qwen3")))[0]
+    monkeypatch.delenv("MLXD_KERNELS", raising=False)
+    plain = _two_rows(Engine(model, batch=4))
     monkeypatch.setattr("mlxd.engine.kernel_window._cupti", FakeProfiler)
-    monkeypatch.setenv("MLXD_KERNELS", "unused")
+    monkeypatch.setenv("MLXD_KERNELS", str(tmp_path / "k.txt"))
     monkeypatch.setenv("MLXD_KERNELS_AT", "2 1 3")
-    engine = Engine(load(str(tiny_model("qwen3")))[0], batch=4)
+    engine = Engine(model, batch=4)
     window = engine._kernels
-    assert isinstance(window, KernelWindow)
+    assert isinstance(window, KernelWindow) and engine.config.clock is window.clock
     seen: list[int] = []
-    window.turn = seen.append  # type: ignore[method-assign]
-    first = engine.submit(GenerationRequest(prompt=mx.array([1, 2, 3, 4]), max_tokens=8))
-    next(iter(first))  # the lone row decodes serially (no batched rows) before the second joins
-    second = engine.submit(GenerationRequest(prompt=mx.array(list(range(10, 30))), max_tokens=8))
-    first.wait(), second.wait()
-    engine.close()
+    turn = window.turn
+    window.turn = lambda rows: (seen.append(rows), turn(rows))  # type: ignore[method-assign]
+    assert _two_rows(engine) == plain  # the timed step is the same step
     assert seen[0] == 0 and 2 in seen  # serial turns report 0; the two-row batch reports 2
+    text = (tmp_path / "k.txt").read_text()
+    assert "3 turns of >= 2 rows from the 1-th" in text
+    assert "host ms a step (3 steps): build " in text and ", encode " in text
+    assert ", wait " in text
+
+
+def test_step_clock_sums_parts_per_step(monkeypatch) -> None:
+    from mlxd.engine import step_clock
+
+    now = iter([0.0, 0.001, 0.004, 1.0, 1.003, 1.004])
+    monkeypatch.setattr(step_clock.time, "perf_counter", lambda: next(now))
+    c = step_clock.StepClock()
+    for _ in range(2):
+        c.start()
+        c.mark("build")
+        c.mark("wait")
+    assert c.line() == "host ms a step (2 steps): build 2.000, wait 2.000"
+    c.reset()
+    assert c.line() == "host ms a step (0 steps): no batched step"
