@@ -55,7 +55,8 @@ def engine_group(p: argparse.ArgumentParser) -> None:
         "mistral, qwen2, qwen3, qwen3_moe, gemma3 and phi3 models with unquantized weights: less "
         "host time a token, the same bits), rows+fused (rows, and a lone row's q/k/v and "
         "gate/up as one matmul each: the same bits on CUDA and the CPU, not checked on Metal; "
-        "the stacked weights copied, 8B +9 GB; opt-in until measured) or mlx (mlx-lm's model "
+        "the weights stacked in place, no memory added; opt-in until measured) or mlx (mlx-lm's "
+        "model "
         "call as it is)",
     )
     g.add_argument(
@@ -161,8 +162,8 @@ SERVE_ATTENTION_HELP = (
     "attention of the batched decode step: mlx (MLX's, the same bits as mlx-lm) or folded (no "
     "masked fallback: much faster on CUDA at long contexts, changes bits there; llama, mistral, "
     "qwen2, qwen3, qwen3_moe; keep mlx on Metal) or folded+fused (also q/k/v and gate/up as "
-    "one matmul each: fewer kernel calls on CUDA, copies those weights, e.g. +9 GB for an 8B "
-    "model) or flash / flash+fused (the attention as two CUDA kernels, float32 softmax: CUDA "
+    "one matmul each: fewer kernel calls on CUDA, those weights stacked in place, no memory "
+    "added) or flash / flash+fused (the attention as two CUDA kernels, float32 softmax: CUDA "
     "only, changes bits, faster only at short contexts); +shared: a decoding wave's common "
     "prefix (>= 512 tokens, e.g. a fleet's system prompt) held once, not once per row "
     "(changes bits)"

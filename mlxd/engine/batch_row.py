@@ -56,7 +56,7 @@ class BatchConfig:
     # (model/plain_rows.py; the same kernels and bits). Off: mlx-lm's model call as it is.
     decode_rows: bool = True
     # With decode_rows, a lone row's q/k/v and gate/up as one matmul each (plain_rows.py's
-    # `fuse`: the same bits at one row on CUDA's gemv and the CPU; copies those weights).
+    # `fuse`: the same bits at one row on CUDA's gemv and the CPU; stacked in place, no copy).
     decode_fused: bool = False
     batch_sampling: bool | None = None  # rows' samplers in batched calls (None: where proven)
     prefill_tokens: int | None = None  # a wave's token budget (prompt_waves.py; None: rows only)

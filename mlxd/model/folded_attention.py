@@ -20,7 +20,7 @@ import mlx.nn as nn
 from . import row_gemv
 from .aligned_keys import AlignedMasks, aligned, key_alignment
 from .decode_kernel import available, flash_attention, supports
-from .fused_projections import Stacked, fused_mlp, stacked_qkv
+from .fused_projections import Stacked, fused_mlp, stack_in_place, stacked_qkv
 from .rows_step import Projections, StepConstants, heads_rows, rows_block
 from .shared_attention import shared_prefix_attention
 
@@ -90,13 +90,16 @@ def folded(
 ) -> nn.Module:
     """A model sharing `model`'s weights whose batched decode attention is folded, over keys
     padded to a multiple of `align` (default: `key_alignment()`); `fuse`: its batched decode
-    steps also run q/k/v and gate/up as one matmul each, over copies of those weights; `flash`:
-    the attention runs as decode_kernel.py's CUDA kernels (no padding needed); `gemv`: those
-    steps' small projections run as row_gemv.py's batched gemv (with `fuse`); `rows`: the
-    blocks step on 2-D rows (rows_step.py; off: the 3-D step, for probes and tests)."""
+    steps also run q/k/v and gate/up as one matmul each (those weights stacked in place);
+    `flash`: the attention runs as decode_kernel.py's CUDA kernels (no padding needed);
+    `gemv`: those steps' small projections run as row_gemv.py's batched gemv (with `fuse`);
+    `rows`: the blocks step on 2-D rows (rows_step.py; off: the 3-D step, for probes and
+    tests)."""
     align = key_alignment() if align is None else align
     if (why := unsupported(model, "flash" if flash else "folded")) is not None:
         raise ValueError(why)
+    if fuse:  # before the rows step holds any of those weights (fused_projections.py)
+        stack_in_place(model)
     shadow = copy.copy(model)
     inner = copy.copy(model.model)
     layers = []

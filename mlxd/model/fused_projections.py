@@ -3,9 +3,10 @@
 
 On CUDA a few-row projection costs a fixed ~30 µs a call whatever its width (cuBLASLt), and a
 Qwen3 step makes 7 per layer; stacking the weights of projections that read the same input
-drops 3 of them (H200, docs/performance.md). It copies those weights (Qwen3-8B: +9 GB), once
-for this mode and a rows+fused lone row (`--decode-step`, plain_rows.py) together. On the
-CPU the stacked matmul gives the same bits; on CUDA another kernel shape may round otherwise.
+drops 3 of them (H200, docs/performance.md). The stacks replace those weights: each layer then
+reads its rows of the stack (`_stacked`), so no memory is added; this mode and a rows+fused lone
+row (`--decode-step`, plain_rows.py) share them. On the CPU the stacked matmul gives the same
+bits; on CUDA another kernel shape may round otherwise.
 """
 
 import itertools
@@ -14,7 +15,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.models.activations import swiglu
 
 from .row_gemv import GemvMatmul, few_rows, fits, with_gemv
@@ -60,31 +60,54 @@ class Stacked:
         return mx.split(y, self.edges, axis=-1)
 
 
-# The stacks made per first layer of a group (by id: Modules are dicts, unhashable), held
-# weakly with the arrays they were made from: the folded+fused batch and a rows+fused lone row
-# (plain_rows.py) share one copy while either holds it. An entry goes with its layer.
-_STACKS: dict[int, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+# The stacks made per first layer of a group (by id: Modules are dicts, unhashable), with the
+# row views the layers were given: the folded+fused batch and a rows+fused lone row
+# (plain_rows.py) share them. An entry goes with its layer.
+_STACKS: dict[int, tuple[tuple[Any, ...], dict[str, mx.array]]] = {}
 
 
 def _stacked(linears: list[nn.Module], keys: list[str]) -> dict[str, mx.array]:
-    """Each of `keys` of `linears` stacked by output row; the same arrays again while someone
-    holds them and the layers hold the arrays they were made from."""
-    source = tuple(lin[k] for lin in linears for k in keys)
+    """Each of `keys` of `linears` stacked by output row. The layers then hold row slices of
+    the stacks (views: the same values and strides, each starting where the allocator's own
+    buffers do, at a multiple of 256 bytes, so the same kernels and bits), so the stacks cost no
+    memory beyond a layer's while they are made; where a slice would start elsewhere, the layers
+    keep their arrays beside the stacks. Again the same stacks while the layers hold those
+    arrays."""
+    views = tuple(lin[k] for lin in linears for k in keys)
     key = id(linears[0])
     if (hit := _STACKS.get(key)) is None:
         weakref.finalize(linears[0], _STACKS.pop, key, None)
     else:
-        made_from, held = hit
-        arrays = {k: ref() for k, ref in held.items()}
-        same = len(made_from) == len(source) and all(
-            r() is a for r, a in zip(made_from, source, strict=True)
-        )
-        if same and all(a is not None for a in arrays.values()):
-            return arrays  # type: ignore[return-value]
+        made, arrays = hit
+        if len(made) == len(views) and all(r() is a for r, a in zip(made, views, strict=True)):
+            return arrays
     arrays = {k: mx.concatenate([lin[k] for lin in linears], axis=0) for k in keys}
-    refs = {k: weakref.ref(a) for k, a in arrays.items()}
-    _STACKS[key] = (tuple(weakref.ref(a) for a in source), refs)
+    mx.eval(arrays)
+    if _aligned(linears, keys):
+        start = 0
+        for lin in linears:
+            rows = lin["weight"].shape[0]
+            for k in keys:
+                lin[k] = arrays[k][start : start + rows]
+            start += rows
+        views = tuple(lin[k] for lin in linears for k in keys)
+        mx.eval(views)  # slices of evaluated arrays: views of their buffers, no copy
+    _STACKS[key] = (tuple(weakref.ref(a) for a in views), arrays)
     return arrays
+
+
+ALIGN = 256  # bytes: where MLX's allocations start (and so where cuBLASLt may assume they do)
+
+
+def _aligned(linears: list[nn.Module], keys: list[str]) -> bool:
+    """Every layer's slice of every stack would start at a multiple of ALIGN bytes."""
+    for k in keys:
+        start = 0
+        for lin in linears:
+            if start % ALIGN:
+                return False
+            start += lin[k].nbytes
+    return True
 
 
 def stackable(linears: list[Any]) -> bool:
@@ -135,15 +158,15 @@ def stacked_qkv(attn: Any, gemv: bool = False) -> Stacked | None:
     return Stacked(parts, gemv) if None not in parts and stackable(parts) else None
 
 
-def stacked_bytes(model: Any) -> int:
-    """The bytes `folded(model, fuse=True)` copies: what a memory budget must count twice."""
+def stack_in_place(model: Any) -> int:
+    """Stack every layer's q/k/v and gate/up that the fused modes would, before anything holds
+    their weights (a held transpose made first would keep the unstacked arrays alive beside
+    the stacks). Returns the bytes now read through stacks."""
     total = 0
     inner = model.get("language_model", model)  # a multimodal model's text side
     for layer in inner.model.layers if "model" in inner else []:
-        groups = [[getattr(layer.self_attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]]
-        if fused_mlp(layer.mlp) is not layer.mlp:
-            groups.append([layer.mlp.gate_proj, layer.mlp.up_proj])
-        for g in groups:
-            if None not in g and stackable(g):
-                total += sum(v.nbytes for lin in g for _, v in tree_flatten(lin.parameters()))
+        stacks = [stacked_qkv(layer.self_attn)]
+        if (mlp := fused_mlp(layer.mlp)) is not layer.mlp:
+            stacks.append(mlp._gate_up)
+        total += sum(a.nbytes for st in stacks if st is not None for a in st.arrays.values())
     return total

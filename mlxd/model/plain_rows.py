@@ -13,8 +13,8 @@ kernels on the same memory, so the same bits (tests/model/test_plain_rows.py).
 matmul each. At one row MLX-CUDA runs a matmul as its gemv, one warp's dot over K per output,
 whatever the width, so the stacked product is the same bits there (and on the CPU, tested);
 the narrow k/v gemvs cost ~18 µs each on an 8B H100 step whatever their 8 MB (performance.md
-§1, session 40). Two rows or more keep the separate projections. It copies those weights (8B:
-+9 GB, shared with folded+fused's copy).
+§1, session 40). Two rows or more keep the separate projections, which read their rows of
+the stacks: no memory is added (fused_projections.py), and folded+fused shares the stacks.
 """
 
 import copy
@@ -27,7 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import scaled_dot_product_attention
 
-from .fused_projections import Stacked, stackable, stacked_qkv
+from .fused_projections import Stacked, stack_in_place, stackable, stacked_qkv
 from .gemma_rows import GemmaMLP, GemmaRowsStep, gemma_blocks, gemma_mlps
 from .phi_rows import PhiMLP, PhiRowsAttention, phi_blocks
 from .rows_step import (
@@ -164,6 +164,8 @@ def plain_rows(model: nn.Module, fuse: bool = False) -> nn.Module:
     q/k/v and gate/up as one matmul each, in llama-family and Gemma blocks (the module doc)."""
     if (path := _path(model)) is None:
         return model
+    if fuse:  # before any held transpose reads those weights (fused_projections.py)
+        stack_in_place(model)
     root = shadow = copy.copy(model)
     original = model
     for name in path:  # a copy of each module down to the layers' holder, sharing weights

@@ -30,7 +30,7 @@ from ..model import ModelLoadError, load
 from ..model.default import DEFAULT_MODEL_NAME
 from ..model.folded_attention import is_folded, is_fused
 from ..model.folded_attention import unsupported as unfoldable
-from ..model.fused_projections import stacked_bytes
+from ..model.fused_projections import stack_in_place
 from ..model.resolve import resolve_model
 from .budget import hold_to_budget, kv_budget_from
 from .store import make_store
@@ -105,9 +105,9 @@ class ModelProvider:
             raise ModelLoadError(f"{folder}: {why}")
         if is_folded(a.batched_attention) and (why := unfoldable(model, a.batched_attention)):
             raise ModelLoadError(f"{folder}: {why}")
+        if is_fused(a.batched_attention) or a.decode_step == "rows+fused":
+            stack_in_place(model)  # before any engine holds those weights: no copy beside them
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-        if is_fused(a.batched_attention) or a.decode_step == "rows+fused":  # stacked copies
-            weights += stacked_bytes(model)
         kv_budget = kv_budget_from(a, weights)
         store, namespace = make_store(a, folder, adapter, kv_budget)
         engine = Engine(

@@ -112,24 +112,53 @@ def test_serve_takes_the_mode_and_refuses_an_unknown_architecture(tiny_model, tm
             budgets[mode] = engine.kv_budget
         finally:
             state.provider.close()
-    copies = fp.stacked_bytes(load_model(tiny_model, "qwen3"))
-    assert budgets["folded"] - budgets["folded+fused"] == copies  # the KV budget counts them
+    assert budgets["folded"] == budgets["folded+fused"]  # the stacks take no memory of their own
     with pytest.raises(ModelLoadError, match="this model is 'gemma3_text'"):
         make_state(args("gemma3"))
 
 
-def test_a_memory_budget_counts_the_stacked_copies(model) -> None:
-    """stacked_bytes is what folded(fuse=True) allocates beyond the model's own weights."""
-    from mlx.utils import tree_flatten
+def test_the_stacks_replace_the_weights_in_place(tiny_model) -> None:
+    """After folded(fuse=True) and a rows+fused twin, each layer reads its rows of the stacks:
+    the same values, and MLX's active memory has not grown by the stacks' size (copies would)."""
+    import gc
 
-    fused = fa.folded(model, fuse=True)
-    copies = [
-        a
-        for lay in fused.model.layers
-        for s in (lay.self_attn.qkv, getattr(lay.mlp, "_gate_up", None))
-        if s is not None
-        for a in s.arrays.values()
-    ]
-    assert fp.stacked_bytes(model) == sum(a.nbytes for a in copies) > 0
-    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    assert fp.stacked_bytes(model) < weights
+    import numpy as np
+
+    from mlxd.model import plain_rows as pr
+
+    model = load_model(tiny_model, "qwen3")
+    mx.eval(model.parameters())
+    attn = model.layers[0].self_attn
+    values = [np.array(p.weight) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
+    gc.collect()
+    before = mx.get_active_memory()
+    stacked = fp.stack_in_place(model)
+    batch, lone = fa.folded(model, fuse=True), pr.plain_rows(model, fuse=True)
+    gc.collect()
+    grown = mx.get_active_memory() - before
+    assert stacked > 0 and grown < stacked / 10, (grown, stacked)
+    qkv = batch.model.layers[0].self_attn.qkv
+    assert qkv.arrays["weight"] is lone.model.layers[0].self_attn.qkv.arrays["weight"]
+    assert fp.stack_in_place(model) == stacked  # the same stacks again, nothing restacked
+    start = 0
+    for p, v in zip((attn.q_proj, attn.k_proj, attn.v_proj), values, strict=True):
+        assert np.array_equal(np.array(p.weight), v)
+        rows = qkv.arrays["weight"][start : start + v.shape[0]]
+        assert mx.array_equal(rows, p.weight).item()
+        start += v.shape[0]
+
+
+def test_slices_that_would_start_off_the_allocators_alignment_stay_apart() -> None:
+    """fp32 rows of 12 bytes: the second layer's slice would start at byte 60, not a multiple
+    of 256, so each layer keeps its own array beside the stack."""
+    layers = [nn.Linear(3, w) for w in (5, 7)]
+    mx.eval([lin.parameters() for lin in layers])
+    own = [lin.weight for lin in layers]
+    st = fp.Stacked(layers)
+    assert all(lin.weight is w for lin, w in zip(layers, own, strict=True))
+    assert mx.array_equal(st.arrays["weight"], mx.concatenate(own)).item()
+    aligned = _linears("plain", [64, 16])  # rows of 256 bytes: the layers read the stack
+    before = [lin.weight for lin in aligned]
+    st = fp.Stacked(aligned)
+    assert all(lin.weight is not w for lin, w in zip(aligned, before, strict=True))
+    assert mx.array_equal(st.arrays["weight"], mx.concatenate(before)).item()
