@@ -100,8 +100,11 @@ ALIGN = 256  # bytes: where MLX's allocations start (and so where cuBLASLt may a
 
 
 def _aligned(linears: list[nn.Module], keys: list[str]) -> bool:
-    """Every layer's slice of every stack would start at a multiple of ALIGN bytes."""
+    """Every layer's slice of every stack would start at a multiple of ALIGN bytes and hold
+    its own dtype (a stack of mixed dtypes is promoted)."""
     for k in keys:
+        if len({lin[k].dtype for lin in linears}) > 1:
+            return False
         start = 0
         for lin in linears:
             if start % ALIGN:

@@ -150,13 +150,18 @@ def test_the_stacks_replace_the_weights_in_place(tiny_model) -> None:
 
 def test_slices_that_would_start_off_the_allocators_alignment_stay_apart() -> None:
     """fp32 rows of 12 bytes: the second layer's slice would start at byte 60, not a multiple
-    of 256, so each layer keeps its own array beside the stack."""
+    of 256, so each layer keeps its own array beside the stack; so do layers of mixed dtypes."""
     layers = [nn.Linear(3, w) for w in (5, 7)]
     mx.eval([lin.parameters() for lin in layers])
     own = [lin.weight for lin in layers]
     st = fp.Stacked(layers)
     assert all(lin.weight is w for lin, w in zip(layers, own, strict=True))
     assert mx.array_equal(st.arrays["weight"], mx.concatenate(own)).item()
+    mixed = _linears("plain", [64, 16])
+    mixed[1].weight = mixed[1].weight.astype(mx.bfloat16)
+    own = [lin.weight for lin in mixed]
+    fp.Stacked(mixed)  # a float32 stack: the bfloat16 layer must not read float32 rows
+    assert all(lin.weight is w for lin, w in zip(mixed, own, strict=True))
     aligned = _linears("plain", [64, 16])  # rows of 256 bytes: the layers read the stack
     before = [lin.weight for lin in aligned]
     st = fp.Stacked(aligned)
