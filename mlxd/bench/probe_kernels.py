@@ -96,10 +96,15 @@ def summarize(ks: list[Kernel], steps: int, top: int = 20) -> list[str]:
             f"    {f:12} {sum(durs) / steps / 1e3:7.3f} ms  {len(durs) / steps:6.1f}  "
             f"{statistics.median(durs):8.1f} µs"
         )
-    big = [k.dur for k in ks if family(k.name) == "copy" and k.dur >= BIG_COPY_US]
+    big = [k for k in ks if family(k.name) == "copy" and k.dur >= BIG_COPY_US]
+    # The race copies a few layers in most steps; a cache's growth (every 256 steps) copies
+    # every layer once: which steps they fall in tells the two apart.
+    t0, span = ks[0].start, max(k.start + k.dur for k in ks) - ks[0].start
+    hit = {min(int((k.start - t0) * steps / span), steps - 1) for k in big} if span else set()
     lines.append(
         f"  copies of {BIG_COPY_US:.0f} µs or more (whole-layer KV copies: the donation race): "
-        f"{len(big) / steps:.1f} a step, {sum(big) / steps / 1e3:.3f} ms"
+        f"{len(big) / steps:.1f} a step, {sum(k.dur for k in big) / steps / 1e3:.3f} ms, "
+        f"in {len(hit)} of {steps} step-long spans"
     )
     lines.append(f"  top {top} kernels (ms a step, count a step, median µs, grid):")
     ranked = sorted(by_name.items(), key=lambda x: -sum(k.dur for k in x[1]))

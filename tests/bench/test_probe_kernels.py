@@ -45,7 +45,8 @@ def test_summary_per_step_figures() -> None:
     fam = {line.split()[0]: line.split()[1] for line in lines[2:5]}
     assert fam == {"matmul": "0.025", "gemv": "0.010", "norm": "0.010"}
     assert lines[5] == (
-        "  copies of 50 µs or more (whole-layer KV copies: the donation race): 0.0 a step, 0.000 ms"
+        "  copies of 50 µs or more (whole-layer KV copies: the donation race): 0.0 a step, "
+        "0.000 ms, in 0 of 2 step-long spans"
     )
     assert lines[7].split()[0] == "0.025" and lines[7].endswith("sm90_xmma_gemm_bf16")
     assert summarize([], 1) == ["no kernels recorded (CUPTI saw nothing: is this MLX-CUDA?)"]
@@ -89,4 +90,16 @@ def test_the_big_copies_are_counted_apart() -> None:
     ks = [Kernel("copy_v<bf16>", 0, 186), Kernel("copy_gg_nd<bf16>", 200, 3)]
     ks.append(Kernel("gemm", 300, 9))
     (line,) = [x for x in summarize(ks, steps=2) if x.startswith("  copies of 50")]
-    assert line.endswith("0.5 a step, 0.093 ms")  # the 186 µs copy only, over 2 steps
+    assert line.endswith("0.5 a step, 0.093 ms, in 1 of 2 step-long spans")  # the 186 µs one
+
+
+def test_big_copies_are_placed_in_step_long_spans() -> None:
+    """Copies spread over the steps (the race) against all in one step (a cache's growth)."""
+    gemm = [Kernel("nvjet_gemm", t, 10) for t in (0, 100, 200, 390)]
+    spread = [Kernel("copy_v", t, 60) for t in (20, 120, 220, 320)]
+    lumped = [Kernel("copy_v", t, 15) for t in (10, 30, 50, 70)]  # 15 µs: under the bar
+    big = [Kernel("copy_v", t, 60) for t in (110, 180)]  # both in the second 100 µs span
+    for copies, tail in ((spread, "1.0 a step, 0.060 ms, in 4 of 4"), (lumped + big, "in 1 of 4")):
+        ks = sorted(gemm + copies, key=lambda k: k.start)
+        (line,) = [x for x in summarize(ks, 4) if "copies" in x]
+        assert line.endswith(tail + " step-long spans"), line
