@@ -10,11 +10,14 @@ alone, spends the difference on the GPU (copies) or waiting for the host (the GI
 side). docs/performance.md §1. Unset: `NoWindow`, whose `turn` does nothing.
 """
 
+import logging
 import os
 import time
 from typing import Any
 
 from .step_clock import StepClock
+
+log = logging.getLogger("mlxd.engine")
 
 
 class NoWindow:
@@ -38,7 +41,12 @@ class KernelWindow(NoWindow):
         if not path:
             return NoWindow()
         rows, start, turns = (int(x) for x in os.environ.get("MLXD_KERNELS_AT", "32 60 40").split())
-        return KernelWindow(path, rows, start, turns, _cupti())
+        try:
+            profiler = _cupti()
+        except Exception as e:  # noqa: BLE001 - a diagnostic must not keep the server from starting
+            log.warning("MLXD_KERNELS is set but PyTorch's profiler is not usable: %r", e)
+            return NoWindow()
+        return KernelWindow(path, rows, start, turns, profiler)
 
     def turn(self, rows: int) -> None:
         """Called after each engine turn with the rows then running."""

@@ -89,6 +89,12 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     w = KernelWindow.from_env()
     assert isinstance(w, KernelWindow) and (w.rows, w.start, w.turns) == (32, 60, 40)
 
+    def no_torch() -> None:
+        raise ModuleNotFoundError("No module named 'torch'")
+
+    monkeypatch.setattr("mlxd.engine.kernel_window._cupti", no_torch)
+    assert type(KernelWindow.from_env()) is NoWindow  # the server starts without the window
+
 
 def _two_rows(engine) -> list[list[int]]:
     import mlx.core as mx
