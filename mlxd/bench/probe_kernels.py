@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..engine.step_clock import StepClock
+
 # Kernel families by name, first match wins (cuBLASLt's kernels carry sm90_xmma / gemm names;
 # MLX's own are named by op).
 FAMILIES = [
@@ -125,30 +127,39 @@ def sequence(ks: list[Kernel], steps: int, first: int = 48) -> list[str]:
     return [f"    {k.dur:8.1f} µs {k.grid:>14}  {k.name[:100]}" for k in mid]
 
 
-def profile(step: Any, steps: int, wait_first: bool = False) -> tuple[list[Kernel], float]:
+def profile(
+    step: Any, steps: int, wait_first: bool = False
+) -> tuple[list[Kernel], float, StepClock]:
     """`steps` steps pipelined (each built and queued before the last one's result is read;
     `wait_first`: built, then the last one read, then queued: engine/batch_logits.py's
-    MLXD_STEP_ORDER=wait), under torch.profiler; the kernels and the host's wall ms a step."""
+    MLXD_STEP_ORDER=wait), under torch.profiler; the kernels, the host's wall ms a step, and
+    the host's parts of a step as the engine's window times them (engine/step_clock.py)."""
     import mlx.core as mx
     import torch.profiler as tp
 
+    clock = StepClock()
     with tp.profile(activities=[tp.ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         prev = step()
         mx.async_eval(prev)
         for _ in range(steps - 1):
+            clock.start()
             out = step()
+            clock.mark("build")
             if wait_first:
                 prev[1].tolist()
+                clock.mark("wait first")
             mx.async_eval(out)
+            clock.mark("encode")
             prev[1].tolist()  # BatchGenerator reads the last step's tokens here
+            clock.mark("wait")
             prev = out
         prev[1].tolist()
         wall = (time.perf_counter() - t0) * 1e3 / steps
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
-        return kernels(json.load(f)), wall
+        return kernels(json.load(f)), wall, clock
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -188,13 +199,14 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(3):  # warm-up: kernels compiled, stacked weights built
                 mx.eval(step())
             for _, order in ((r, o) for r in range(args.repeat) for o in args.orders):
-                ks, host_wall = profile(step, args.steps, order == "wait")
+                ks, host_wall, clock = profile(step, args.steps, order == "wait")
                 fused = " (fused)" if args.fuse and mode == "mlx" else ""
                 print(
                     f"== {args.shape}, {rows} rows x {args.context} keys, {mode}{fused}, graphs "
                     f"{graphs}, {order}: host wall {host_wall:.3f} ms a step",
                     flush=True,
                 )
+                print(f"  {clock.line()}", flush=True)
                 print("\n".join(summarize(ks, args.steps, args.top)), flush=True)
                 if args.sequence:
                     print("\n".join(sequence(ks, args.steps, args.sequence)), flush=True)

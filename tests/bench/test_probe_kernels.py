@@ -1,6 +1,7 @@
 """probe_kernels' reading of a profiler trace (the profiling itself needs torch on MLX-CUDA)."""
 
 from mlxd.bench.probe_kernels import Kernel, busy, family, kernels, sequence, summarize
+from mlxd.engine.step_clock import StepClock
 
 
 def _trace() -> dict:
@@ -69,7 +70,10 @@ def test_main_profiles_each_order_and_names_the_fused_lone_step(monkeypatch, cap
         logprobs, tokens = step()  # the probe's real step builds and runs here
         assert tokens.shape == (1,)
         seen.append((steps, wait_first))
-        return [Kernel("gemv_single", 0, 5), Kernel("rms_norm", 10, 5)], 1.0
+        clock = StepClock()
+        clock.start()
+        clock.mark("build")
+        return [Kernel("gemv_single", 0, 5), Kernel("rms_norm", 10, 5)], 1.0, clock
 
     monkeypatch.setattr(probe_kernels, "profile", fake)
     monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)  # read for the header: "graphs 1"
@@ -84,6 +88,51 @@ def test_main_profiles_each_order_and_names_the_fused_lone_step(monkeypatch, cap
     ]
     assert seen == [(3, False), (3, True)]
     assert any(line.startswith("per step: wall   0.005 ms") for line in out)
+    assert sum(line.startswith("  host ms a step (1 steps): build ") for line in out) == 2
+
+
+def test_profile_times_the_host_parts_of_each_order(monkeypatch) -> None:
+    """profile's own loop on the CPU, torch.profiler replaced by a stand-in (CUPTI is the
+    device's): the steps after the first are timed by part, in the engine's order."""
+    import json
+    import sys
+    import types
+
+    import mlx.core as mx
+
+    from mlxd.bench import probe_kernels
+
+    class Prof:
+        def __init__(self, activities=None) -> None:
+            pass
+
+        def __enter__(self) -> "Prof":
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def export_chrome_trace(self, path: str) -> None:
+            ev = [{"cat": "kernel", "name": "gemv", "ts": 0, "dur": 5}]
+            with open(path, "w") as f:
+                json.dump({"traceEvents": ev}, f)
+
+    fake = types.ModuleType("torch.profiler")
+    fake.profile, fake.ProfilerActivity = Prof, types.SimpleNamespace(CUDA="cuda")
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setitem(sys.modules, "torch.profiler", fake)
+    calls = []
+
+    def step():
+        calls.append(1)
+        x = mx.ones((2, 2)) * len(calls)
+        return x, x.sum(axis=-1)
+
+    for wait_first, parts in ((False, ["build", "encode", "wait"]),
+                              (True, ["build", "wait first", "encode", "wait"])):  # fmt: skip
+        ks, wall, clock = probe_kernels.profile(step, 4, wait_first)
+        assert [k.name for k in ks] == ["gemv"] and wall > 0
+        assert clock.steps == 3 and list(clock.sums) == parts
 
 
 def test_the_big_copies_are_counted_apart() -> None:
