@@ -11,12 +11,13 @@ the counts there are not the GPU's; run it on the device.
 """
 
 import collections
+import contextlib
 import io
 import os
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -136,7 +137,9 @@ def main(argv: list[str] | None = None) -> None:
         "e.g. folded+fused+gemv@qkv,o,gate_up,down,qk), so part sets alternate in one process; "
         f"a mode may end in {THREE_D} (mlx-lm's 3-D step, before model/rows_step.py and, for "
         "mlx, model/plain_rows.py) "
-        f"and/or {PER_LAYER} (an offset add in every layer, as mlx-lm's step leaves)",
+        f"and/or {CONTIGUOUS} (the folded mask's condition and fill laid out whole: "
+        f"MLXD_MASK_LAYOUT=contiguous) and/or {PER_LAYER} (an offset add in every layer, as "
+        "mlx-lm's step leaves)",
     )  # fmt: skip
     p.add_argument(
         "--alternate", type=int, default=0, metavar="BLOCKS",
@@ -170,18 +173,21 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # --modes suffixes: the step with mlx-lm's offset add in every layer (kv/step_offsets.py off);
-# the 3-D step (model/rows_step.py, or model/plain_rows.py for mlx, off). Either or both, in
-# this order.
+# the 3-D step (model/rows_step.py, or model/plain_rows.py for mlx, off); the folded mask laid
+# out whole (MLXD_MASK_LAYOUT=contiguous, rows_step.StepConstants). Any of them, in this order.
 PER_LAYER = "/per-layer-offsets"
 THREE_D = "/3d"
+CONTIGUOUS = "/contiguous-mask"
 
 
 def _parse(spec: str) -> tuple[str, str, bool, bool]:
-    """MODE[@PARTS][/3d][/per-layer-offsets] -> (mode, parts, shares offsets, rows step)."""
+    """MODE[@PARTS][/3d][/contiguous-mask][/per-layer-offsets] -> (mode, parts, shares
+    offsets, rows step)."""
     rest = spec.removesuffix(PER_LAYER)
-    base = rest.removesuffix(THREE_D)
+    steps = rest.removesuffix(CONTIGUOUS)
+    base = steps.removesuffix(THREE_D)
     mode, _, parts = base.partition("@")
-    return mode, parts, rest == spec, base == rest
+    return mode, parts, rest == spec, base == steps
 
 
 def _mode(spec: str) -> str:
@@ -195,7 +201,9 @@ def model_for(model: Any, spec: str) -> Any:
     """The model of a --modes entry: MODE, or a +gemv MODE@PARTS built with those parts, with
     THREE_D its 3-D step (PER_LAYER changes the step, not the model: `step_fn`'s share)."""
     mode, parts, _, rows = _parse(spec)
-    return _with_parts(model, mode, parts, rows)
+    layout = "contiguous" if spec.removesuffix(PER_LAYER).endswith(CONTIGUOUS) else "broadcast"
+    with _env("MLXD_MASK_LAYOUT", layout):  # read once, when the shadow model is built
+        return _with_parts(model, mode, parts, rows)
 
 
 def _shares(spec: str) -> bool:
@@ -207,15 +215,22 @@ def _with_parts(model: Any, mode: str, parts: str, rows: bool) -> Any:
         return plain_rows(model) if rows else model
     if not parts:
         return for_mode(model, mode, rows)
-    before = os.environ.get("MLXD_GEMV_PARTS")
-    os.environ["MLXD_GEMV_PARTS"] = parts  # read once, when the shadow model is built
-    try:
+    with _env("MLXD_GEMV_PARTS", parts):  # read once, when the shadow model is built
         return for_mode(model, mode, rows)
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    """`name` set to `value` inside, as it was after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
     finally:
         if before is None:
-            del os.environ["MLXD_GEMV_PARTS"]
+            del os.environ[name]
         else:
-            os.environ["MLXD_GEMV_PARTS"] = before
+            os.environ[name] = before
 
 
 def alternate(args: Any) -> None:

@@ -296,6 +296,19 @@ def test_probe_ops_suffixes_pick_the_3d_step_and_per_layer_offsets() -> None:
     assert probe_ops.model_for(model, "mlx/3d") is model
     with pytest.raises(ValueError):
         probe_ops._mode("folded+fused/per-layer-offsets/3d")  # the suffixes' order is fixed
+    # the mask laid out whole: the rows step still, its constants told so, the env left as it was
+    assert probe_ops._parse("folded/3d/contiguous-mask/per-layer-offsets") == (
+        "folded", "", False, False
+    )  # fmt: skip
+    assert probe_ops._parse("folded+fused/contiguous-mask") == ("folded+fused", "", True, True)
+    whole = probe_ops.model_for(model, "folded+fused/contiguous-mask").model.layers[0]
+    assert isinstance(whole, RowsStep) and whole.self_attn.constants.contiguous
+    assert (
+        not probe_ops.model_for(model, "folded+fused")
+        .model.layers[0]
+        .self_attn.constants.contiguous
+    )
+    assert "MLXD_MASK_LAYOUT" not in os.environ
 
 
 def test_primitives_counts_each_op_once() -> None:
