@@ -31,8 +31,7 @@ class Stacked:
         self.quant = isinstance(first, nn.QuantizedLinear)
         if self.quant:
             self.group_size, self.bits, self.mode = first.group_size, first.bits, first.mode
-        keys = [k for k in ("weight", "scales", "biases", "bias") if k in first]
-        self.arrays = _stacked(linears, keys)
+        self.arrays = _stacked(linears, _keys(first))
         widths = [lin["weight"].shape[0] for lin in linears]
         self.edges = list(itertools.accumulate(widths))[:-1]
         routed = gemv and not self.quant and fits(self.arrays["weight"])  # stackable: one kind
@@ -94,6 +93,11 @@ def _stacked(linears: list[nn.Module], keys: list[str]) -> dict[str, mx.array]:
         mx.eval(views)  # slices of evaluated arrays: views of their buffers, no copy
     _STACKS[key] = (tuple(weakref.ref(a) for a in views), arrays)
     return arrays
+
+
+def _keys(linear: nn.Module) -> list[str]:
+    """The arrays a Linear or QuantizedLinear computes with."""
+    return [k for k in ("weight", "scales", "biases", "bias") if k in linear]
 
 
 ALIGN = 256  # bytes: where MLX's allocations start (and so where cuBLASLt may assume they do)
@@ -164,12 +168,18 @@ def stacked_qkv(attn: Any, gemv: bool = False) -> Stacked | None:
 def stack_in_place(model: Any) -> int:
     """Stack every layer's q/k/v and gate/up that the fused modes would, before anything holds
     their weights (a held transpose made first would keep the unstacked arrays alive beside
-    the stacks). Returns the bytes now read through stacks."""
-    total = 0
+    the stacks). Returns the bytes of stacks kept beside the layers' own arrays, which a memory
+    budget must count (0 where every slice starts in place)."""
+    extra = 0
     inner = model.get("language_model", model)  # a multimodal model's text side
     for layer in inner.model.layers if "model" in inner else []:
-        stacks = [stacked_qkv(layer.self_attn)]
-        if (mlp := fused_mlp(layer.mlp)) is not layer.mlp:
-            stacks.append(mlp._gate_up)
-        total += sum(a.nbytes for st in stacks if st is not None for a in st.arrays.values())
-    return total
+        groups = [[getattr(layer.self_attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]]
+        if fused_mlp(layer.mlp) is not layer.mlp:
+            groups.append([layer.mlp.gate_proj, layer.mlp.up_proj])
+        for g in groups:
+            if None in g or not stackable(g):
+                continue
+            arrays = _stacked(g, _keys(g[0]))
+            if not _aligned(g, _keys(g[0])):
+                extra += sum(a.nbytes for a in arrays.values())
+    return extra

@@ -105,9 +105,11 @@ class ModelProvider:
             raise ModelLoadError(f"{folder}: {why}")
         if is_folded(a.batched_attention) and (why := unfoldable(model, a.batched_attention)):
             raise ModelLoadError(f"{folder}: {why}")
+        weights = 0
         if is_fused(a.batched_attention) or a.decode_step == "rows+fused":
-            stack_in_place(model)  # before any engine holds those weights: no copy beside them
-        weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+            weights += stack_in_place(model)  # before any engine holds those weights; copies
+            # only where a layer's slice of a stack would start off MLX's alignment
+        weights += sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         kv_budget = kv_budget_from(a, weights)
         store, namespace = make_store(a, folder, adapter, kv_budget)
         engine = Engine(

@@ -132,14 +132,22 @@ def test_the_stacks_replace_the_weights_in_place(tiny_model) -> None:
     values = [np.array(p.weight) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
     gc.collect()
     before = mx.get_active_memory()
-    stacked = fp.stack_in_place(model)
+    assert fp.stack_in_place(model) == 0  # no copy for a budget to count
     batch, lone = fa.folded(model, fuse=True), pr.plain_rows(model, fuse=True)
     gc.collect()
     grown = mx.get_active_memory() - before
+    stacks = [
+        a
+        for layer in batch.model.layers
+        for st in (layer.self_attn.qkv, layer.mlp._gate_up)
+        for a in st.arrays.values()
+    ]
+    stacked = sum(a.nbytes for a in stacks)
     assert stacked > 0 and grown < stacked / 10, (grown, stacked)
     qkv = batch.model.layers[0].self_attn.qkv
     assert qkv.arrays["weight"] is lone.model.layers[0].self_attn.qkv.arrays["weight"]
-    assert fp.stack_in_place(model) == stacked  # the same stacks again, nothing restacked
+    assert fp.stack_in_place(model) == 0
+    assert qkv.arrays["weight"] is fp.stacked_qkv(attn).arrays["weight"]  # nothing restacked
     start = 0
     for p, v in zip((attn.q_proj, attn.k_proj, attn.v_proj), values, strict=True):
         assert np.array_equal(np.array(p.weight), v)
@@ -157,6 +165,17 @@ def test_slices_that_would_start_off_the_allocators_alignment_stay_apart() -> No
     st = fp.Stacked(layers)
     assert all(lin.weight is w for lin, w in zip(layers, own, strict=True))
     assert mx.array_equal(st.arrays["weight"], mx.concatenate(own)).item()
+    attn = nn.Module()
+    attn.q_proj, attn.k_proj, attn.v_proj = (nn.Linear(3, w) for w in (5, 7, 7))
+    layer = nn.Module()
+    layer.self_attn, layer.mlp = attn, nn.Identity()
+    model = nn.Module()
+    model.model = nn.Module()
+    model.model.layers = [layer]
+    copy = sum(x.nbytes for x in (*attn.q_proj.parameters().values(),
+                                  *attn.k_proj.parameters().values(),
+                                  *attn.v_proj.parameters().values()))  # fmt: skip
+    assert fp.stack_in_place(model) == copy  # a copy beside the layers: the budget counts it
     mixed = _linears("plain", [64, 16])
     mixed[1].weight = mixed[1].weight.astype(mx.bfloat16)
     own = [lin.weight for lin in mixed]
