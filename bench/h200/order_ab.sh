@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # order_ab.sh SHAPE AGENTS "MLXD_ARGS": the batched step encoded a step ahead (mlx-lm's order,
 # MLXD_STEP_ORDER=pipelined) against encoded after the last step is read (wait: every KV write
-# in place, engine/batch_logits.py), mlxd alone, ROUNDS (default 2) alternations of one round
-# each with MLXD_TRACE: tok/s, TTFT, ITL and the rounds' step lines in order-ab.txt. Before it,
-# unless KERNELS=0, probe_kernels times both orders' step at 32 rows (graphs as in MLXD_ARGS).
+# in place) and with its first layers queued before that read (split; engine/step_order.py),
+# ORDERS (default "pipelined wait split"), mlxd alone, ROUNDS (default 2) alternations of one
+# round each with MLXD_TRACE: tok/s, TTFT, ITL and the rounds' step lines in order-ab.txt.
+# Before it, unless KERNELS=0, probe_kernels times each order's step at 32 rows (graphs as in
+# MLXD_ARGS).
 # Each fleet round also profiles a window of its own turns (KERNELS_AT, default "32 60 40": the
 # 60th to 100th turn with 32 rows; engine/kernel_window.py): GPU busy, copies, host parts.
 set -euo pipefail
@@ -15,12 +17,12 @@ graphs=1
 mode=$(echo "$extra" | grep -oE 'attention [a-z+]+' | cut -d' ' -f2)
 if [ "${KERNELS:-1}" != 0 ]; then
   MLX_USE_CUDA_GRAPHS=$graphs python3 -m mlxd.bench.probe_kernels --shape "$shape" --rows 32 \
-    --modes "${mode:-mlx}" --orders pipelined wait --repeat 2 --top 6 2>&1 | grep -v -i warn \
+    --modes "${mode:-mlx}" --orders ${ORDERS:-pipelined wait split} --repeat 2 --top 6 2>&1 | grep -v -i warn \
     | tee "$OUT/order-kernels-$shape.txt"
 fi
 work=(--agents "$agents" --turns 2 --warmup 8 --max-tokens 256 --system-tokens 3600
   --batch "${BATCH:-32}" --mlxd-args "$extra")
 python3 -m mlxd bench serve --model "$model" "${work[@]}" --only mlxd >/dev/null 2>&1 || true
-KERNELS_AT=${KERNELS_AT-32 60 40} ROUNDS=${ROUNDS:-2} env_ab MLXD_STEP_ORDER "pipelined wait" order-ab.txt "$model" "${work[@]}"
+KERNELS_AT=${KERNELS_AT-32 60 40} ROUNDS=${ROUNDS:-2} env_ab MLXD_STEP_ORDER "${ORDERS:-pipelined wait split}" order-ab.txt "$model" "${work[@]}"
 cd "$OUT" && tar czf "order-ab-traces-$shape.tar.gz" trace-*.jsonl env-*.json \
   && rm -f trace-*.jsonl env-*.json && mv order-ab.txt "order-ab-$shape-$agents.txt"

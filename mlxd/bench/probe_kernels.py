@@ -128,14 +128,16 @@ def sequence(ks: list[Kernel], steps: int, first: int = 48) -> list[str]:
 
 
 def profile(
-    step: Any, steps: int, wait_first: bool = False
+    step: Any, steps: int, order: str = "pipelined"
 ) -> tuple[list[Kernel], float, StepClock]:
-    """`steps` steps pipelined (each built and queued before the last one's result is read;
-    `wait_first`: built, then the last one read, then queued: engine/batch_logits.py's
-    MLXD_STEP_ORDER=wait), under torch.profiler; the kernels, the host's wall ms a step, and
-    the host's parts of a step as the engine's window times them (engine/step_clock.py)."""
+    """`steps` steps in `order` (engine/step_order.py: pipelined, each built and queued before
+    the last one's result is read; wait, built, the last one read, then queued; split, its
+    first layers queued before that read), under torch.profiler; the kernels, the host's wall
+    ms a step, and the host's parts of a step as the engine's window times them."""
     import mlx.core as mx
     import torch.profiler as tp
+
+    from ..engine.step_order import first_layers, split_fraction
 
     clock = StepClock()
     with tp.profile(activities=[tp.ProfilerActivity.CUDA]) as prof:
@@ -146,7 +148,10 @@ def profile(
             clock.start()
             out = step()
             clock.mark("build")
-            if wait_first:
+            if order == "split":  # probe_ops' step_fn hands its caches over as `cache`
+                mx.async_eval(*first_layers(step.cache, split_fraction()))
+                clock.mark("encode first")
+            if order != "pipelined":
                 prev[1].tolist()
                 clock.mark("wait first")
             mx.async_eval(out)
@@ -176,8 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--sequence", type=int, default=0, help="list this many kernels in order")
     p.add_argument(
-        "--orders", nargs="+", choices=["pipelined", "wait"], default=["pipelined"],
-        help="step orders to profile in turn (wait: the last step read before the next is queued)",
+        "--orders", nargs="+", choices=["pipelined", "wait", "split"], default=["pipelined"],
+        help="step orders to profile in turn (wait: the last step read before the next is "
+        "queued; split: its first layers queued before that read; engine/step_order.py)",
     )  # fmt: skip
     p.add_argument("--repeat", type=int, default=1, help="profile the orders in turn this often")
     p.add_argument(
@@ -199,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(3):  # warm-up: kernels compiled, stacked weights built
                 mx.eval(step())
             for _, order in ((r, o) for r in range(args.repeat) for o in args.orders):
-                ks, host_wall, clock = profile(step, args.steps, order == "wait")
+                ks, host_wall, clock = profile(step, args.steps, order)
                 fused = " (fused)" if args.fuse and mode == "mlx" else ""
                 print(
                     f"== {args.shape}, {rows} rows x {args.context} keys, {mode}{fused}, graphs "

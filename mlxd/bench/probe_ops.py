@@ -93,6 +93,7 @@ def step_fn(
             step_offsets.share(cache, before)
         return logprobs, mx.argmax(logprobs, axis=-1)
 
+    step.cache = cache  # type: ignore[attr-defined]  # probe_kernels' split order reads it
     return step
 
 

@@ -10,12 +10,10 @@ frequency penalties run kind by kind over the batch (batch_penalties.py). Any ot
 (a caller's callable) takes mlx-lm's own step, unchanged. After every step the layers' RoPE
 offsets share one add (kv/step_offsets.py).
 
-`wait_first` (MLXD_STEP_ORDER=wait): the step waits for the last one before encoding, not after.
-MLX writes a KV cache slot in place only if no queued kernel still holds the cache's buffer;
-encoded a step ahead, a layer's write copies the whole layer (~270 MB at 32 rows x 4k).
+`wait_first` (MLXD_STEP_ORDER=wait or split, step_order.py): the step reads the last one's tokens
+before it is queued (split: after queuing its first layers), not after: KV writes in place.
 """
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +23,7 @@ from mlx_lm.generate import GenerationBatch
 from ..constrain.mask import apply_bitmask
 from ..constrain.processor import GrammarLogitsProcessor
 from ..kv import step_offsets
+from . import step_order
 from .batch_penalties import apply_penalties
 from .batch_sampling import sample_rows
 from .gil import StepPhases
@@ -55,7 +54,8 @@ class BiasedGenerationBatch(GenerationBatch):
     _masker: Any = None
     batch_sampling = False  # rows' different samplers in batched calls (batch_sampling.py)
     phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)
-    wait_first = os.environ.get("MLXD_STEP_ORDER") == "wait"  # see the module doc
+    wait_first = step_order.order() != "pipelined"  # see the module doc
+    split = step_order.split_fraction() if step_order.order() == "split" else 0.0
     clock: StepClock | None = None  # the host time of the step's parts (MLXD_KERNELS' window)
     # uid -> (logprob?, top k) when that row asked for logprob figures (its owner's lookup), and
     # the figures of the tokens the last step returned / the ones now computing (by uid: rows
@@ -139,6 +139,10 @@ class BiasedGenerationBatch(GenerationBatch):
         if clock is not None:
             clock.mark("build")
         if self.wait_first:  # the last step done (its buffers free) before this one is encoded
+            if self.split:  # but its first layers, which the last step has long passed
+                mx.async_eval(*step_order.first_layers(self.prompt_cache, self.split))
+                if clock is not None:
+                    clock.mark("encode first")
             mx.eval(inputs, self._current_logprobs)
             if clock is not None:
                 clock.mark("wait first")

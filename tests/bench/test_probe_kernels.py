@@ -66,10 +66,10 @@ def test_main_profiles_each_order_and_names_the_fused_lone_step(monkeypatch, cap
 
     seen: list[tuple[int, bool]] = []
 
-    def fake(step, steps, wait_first=False):
+    def fake(step, steps, order="pipelined"):
         logprobs, tokens = step()  # the probe's real step builds and runs here
         assert tokens.shape == (1,)
-        seen.append((steps, wait_first))
+        seen.append((steps, order))
         clock = StepClock()
         clock.start()
         clock.mark("build")
@@ -86,7 +86,7 @@ def test_main_profiles_each_order_and_names_the_fused_lone_step(monkeypatch, cap
         f"{head}, pipelined: host wall 1.000 ms a step",
         f"{head}, wait: host wall 1.000 ms a step",
     ]
-    assert seen == [(3, False), (3, True)]
+    assert seen == [(3, "pipelined"), (3, "wait")]
     assert any(line.startswith("per step: wall   0.005 ms") for line in out)
     assert sum(line.startswith("  host ms a step (1 steps): build ") for line in out) == 2
 
@@ -128,9 +128,14 @@ def test_profile_times_the_host_parts_of_each_order(monkeypatch) -> None:
         x = mx.ones((2, 2)) * len(calls)
         return x, x.sum(axis=-1)
 
-    for wait_first, parts in ((False, ["build", "encode", "wait"]),
-                              (True, ["build", "wait first", "encode", "wait"])):  # fmt: skip
-        ks, wall, clock = probe_kernels.profile(step, 4, wait_first)
+    step.cache = [types.SimpleNamespace(keys=mx.ones(2), values=mx.ones(2)) for _ in range(3)]
+    orders = {
+        "pipelined": ["build", "encode", "wait"],
+        "wait": ["build", "wait first", "encode", "wait"],
+        "split": ["build", "encode first", "wait first", "encode", "wait"],
+    }
+    for order, parts in orders.items():
+        ks, wall, clock = probe_kernels.profile(step, 4, order)
         assert [k.name for k in ks] == ["gemv"] and wall > 0
         assert clock.steps == 3 and list(clock.sums) == parts
 

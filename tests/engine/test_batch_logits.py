@@ -135,17 +135,30 @@ def test_a_rows_processors_sort_into_bias_penalties_grammar_or_none() -> None:
     assert _kinds([grammar, bias]) is None  # not mlx-lm's order
 
 
+@pytest.mark.parametrize("split", [0.0, 0.5], ids=["wait", "split"])
 def test_the_step_encoded_after_the_last_one_is_read_keeps_mlx_lms_bits(
-    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, split: float
 ) -> None:
-    """MLXD_STEP_ORDER=wait only moves when a step is queued: the same tokens and logprobs as
-    mlx-lm's BatchGenerator, through mlxd's own step (every step, with no processor at all)."""
+    """MLXD_STEP_ORDER=wait (and split: the first layers queued before the read) only moves
+    when a step is queued: the same tokens and logprobs as mlx-lm's BatchGenerator, through
+    mlxd's own step (every step, with no processor at all)."""
     from mlx_lm import load
+
+    from mlxd.engine import step_order
 
     model, tok = load(str(tiny_model("qwen3")))
     eos = frozenset(tok.eos_token_ids)
     prompts = [tok.encode(t) for t in TEXTS]
     monkeypatch.setattr(BiasedGenerationBatch, "wait_first", True)
+    monkeypatch.setattr(BiasedGenerationBatch, "split", split)
+    queued: list[int] = []
+    first = step_order.first_layers
+
+    def spy(caches, fraction):
+        queued.append(len(first(caches, fraction)))
+        return first(caches, fraction)
+
+    monkeypatch.setattr(step_order, "first_layers", spy)
     steps: list[int] = []
     inner = BiasedGenerationBatch._readouts
 
@@ -158,3 +171,27 @@ def test_the_step_encoded_after_the_last_one_is_read_keeps_mlx_lms_bits(
     got = _run(model, prompts, 10, eos, [SamplingParams() for _ in TEXTS])
     assert_same_outputs(got, ref)
     assert max(steps) == len(TEXTS) and len(steps) >= 9  # mlxd's step, not mlx-lm's
+    # split: the first of the tiny model's 2 layers (its keys and values) queued every step
+    assert queued == ([2] * len(steps) if split else [])
+
+
+def test_step_order_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlx_lm.models.cache import KVCache
+
+    from mlxd.engine import step_order
+
+    monkeypatch.delenv("MLXD_STEP_ORDER", raising=False)
+    assert step_order.order() == "pipelined"
+    monkeypatch.setenv("MLXD_STEP_ORDER", "split")
+    monkeypatch.setenv("MLXD_STEP_SPLIT", "0.25")
+    assert step_order.order() == "split" and step_order.split_fraction() == 0.25
+    monkeypatch.setenv("MLXD_STEP_ORDER", "later")
+    with pytest.raises(ValueError, match="one of pipelined, wait, split"):
+        step_order.order()
+    caches = [KVCache() for _ in range(6)]
+    for c in caches:
+        c.update_and_fetch(mx.zeros((1, 1, 2, 4)), mx.ones((1, 1, 2, 4)))
+    got = step_order.first_layers(caches, 0.25)  # ceil(1.5) = 2 layers
+    assert len(got) == 4 and got[0] is caches[0].keys and got[3] is caches[1].values
+    assert len(step_order.first_layers(caches, 0.01)) == 2  # at least one layer
+    assert len(step_order.first_layers(caches, 2.0)) == 12  # at most all
