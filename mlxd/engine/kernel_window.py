@@ -40,7 +40,13 @@ class KernelWindow(NoWindow):
         path = os.environ.get("MLXD_KERNELS")
         if not path:
             return NoWindow()
-        rows, start, turns = (int(x) for x in os.environ.get("MLXD_KERNELS_AT", "32 60 40").split())
+        at = os.environ.get("MLXD_KERNELS_AT", "32 60 40")
+        try:
+            rows, start, turns = (int(x) for x in at.split())
+        except ValueError:
+            raise ValueError(
+                f'MLXD_KERNELS_AT={at!r}: "ROWS START TURNS", three integers'
+            ) from None
         try:
             profiler = _cupti()
         except Exception as e:  # noqa: BLE001 - a diagnostic must not keep the server from starting

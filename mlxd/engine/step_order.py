@@ -27,7 +27,14 @@ def order() -> str:
 
 
 def split_fraction() -> float:
-    return float(os.environ.get("MLXD_STEP_SPLIT", "0.33"))
+    value = os.environ.get("MLXD_STEP_SPLIT", "0.33")
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = -1.0
+    if not 0 < fraction <= 1:
+        raise ValueError(f"MLXD_STEP_SPLIT={value!r}: a fraction of the layers, in (0, 1]")
+    return fraction
 
 
 def first_layers(caches: list[Any], fraction: float) -> list[mx.array]:

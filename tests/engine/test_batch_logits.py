@@ -185,6 +185,10 @@ def test_step_order_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("MLXD_STEP_ORDER", "split")
     monkeypatch.setenv("MLXD_STEP_SPLIT", "0.25")
     assert step_order.order() == "split" and step_order.split_fraction() == 0.25
+    for bad in ("0", "1.5", "half"):
+        monkeypatch.setenv("MLXD_STEP_SPLIT", bad)
+        with pytest.raises(ValueError, match="a fraction of the layers"):
+            step_order.split_fraction()
     monkeypatch.setenv("MLXD_STEP_ORDER", "later")
     with pytest.raises(ValueError, match="one of pipelined, wait, split"):
         step_order.order()

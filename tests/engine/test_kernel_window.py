@@ -85,6 +85,10 @@ def test_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("MLXD_KERNELS_AT", "8 3 5")
     w = KernelWindow.from_env()
     assert isinstance(w, KernelWindow) and (w.rows, w.start, w.turns) == (8, 3, 5)
+    for bad in ("32 60", "a b c"):
+        monkeypatch.setenv("MLXD_KERNELS_AT", bad)
+        with pytest.raises(ValueError, match="three integers"):
+            KernelWindow.from_env()
     monkeypatch.delenv("MLXD_KERNELS_AT")
     w = KernelWindow.from_env()
     assert isinstance(w, KernelWindow) and (w.rows, w.start, w.turns) == (32, 60, 40)
