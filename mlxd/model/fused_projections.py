@@ -179,7 +179,8 @@ def stack_in_place(model: Any) -> int:
         for g in groups:
             if None in g or not stackable(g):
                 continue
-            arrays = _stacked(g, _keys(g[0]))
-            if not _aligned(g, _keys(g[0])):
+            keys = _keys(g[0])
+            arrays = _stacked(g, keys)
+            if not _aligned(g, keys):
                 extra += sum(a.nbytes for a in arrays.values())
     return extra

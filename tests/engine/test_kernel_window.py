@@ -153,3 +153,21 @@ def test_step_clock_sums_parts_per_step(monkeypatch) -> None:
     assert c.line() == "host ms a step (2 steps): build 2.000, wait 2.000"
     c.reset()
     assert c.line() == "host ms a step (0 steps): no batched step"
+
+
+def test_a_failing_window_closes_itself_and_never_raises_into_the_turn(tmp_path: Path) -> None:
+    """The window runs inside the engine's turn, whose handler ends every running row: a
+    profiler that fails to start, or a FILE that cannot be written, only closes the window."""
+    w, prof = _window(tmp_path, start=1, turns=1)
+
+    def broken() -> None:
+        raise RuntimeError("CUPTI busy")
+
+    prof.__enter__ = broken  # type: ignore[method-assign]
+    w.turn(4)  # would open: fails, logged, closed
+    assert w.done and prof.exited == 0
+    w.turn(4)
+    unwritable = KernelWindow(str(tmp_path / "no" / "k.txt"), 4, 1, 1, FakeProfiler())
+    unwritable.turn(4)
+    unwritable.turn(4)  # closes: the summary is read, FILE's folder does not exist
+    assert unwritable.done
