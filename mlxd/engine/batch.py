@@ -76,6 +76,8 @@ class BatchedRows:
         self.clears = config.clear_cache
         self.decode.phases = config.phases
         self.decode.clock = config.clock
+        self.decode.wait_first = config.step_order != "pipelined"  # step_order.py
+        self.decode.split = config.split_fraction if config.step_order == "split" else 0.0
         self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch

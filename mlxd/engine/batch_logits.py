@@ -10,7 +10,7 @@ frequency penalties run kind by kind over the batch (batch_penalties.py). Any ot
 (a caller's callable) takes mlx-lm's own step, unchanged. After every step the layers' RoPE
 offsets share one add (kv/step_offsets.py).
 
-`wait_first` (MLXD_STEP_ORDER=wait or split, step_order.py): the step reads the last one's tokens
+`wait_first` (`--step-order wait` or `split`, step_order.py): the step reads the last one's tokens
 before it is queued (split: after queuing its first layers), not after: KV writes in place.
 """
 
@@ -54,8 +54,8 @@ class BiasedGenerationBatch(GenerationBatch):
     _masker: Any = None
     batch_sampling = False  # rows' different samplers in batched calls (batch_sampling.py)
     phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)
-    wait_first = step_order.order() != "pipelined"  # see the module doc
-    split = step_order.split_fraction() if step_order.order() == "split" else 0.0
+    wait_first = False  # read the last step first (BatchConfig.step_order; the module doc)
+    split = 0.0  # with wait_first, the share of layers queued before that read
     clock: StepClock | None = None  # the host time of the step's parts (MLXD_KERNELS' window)
     # uid -> (logprob?, top k) when that row asked for logprob figures (its owner's lookup), and
     # the figures of the tokens the last step returned / the ones now computing (by uid: rows

@@ -62,6 +62,10 @@ class BatchConfig:
     prefill_tokens: int | None = None  # a wave's token budget (prompt_waves.py; None: rows only)
     phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)
     clock: StepClock | None = None  # the host time of a step's parts (MLXD_KERNELS, step_clock.py)
+    # When the batched step is queued against the last one: pipelined (mlx-lm's), wait or
+    # split (step_order.py; the same bits); split_fraction: split's share of layers queued first.
+    step_order: str = "pipelined"
+    split_fraction: float = 0.33
 
 
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:

@@ -83,6 +83,7 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
         self._kernels = KernelWindow.from_env()  # MLXD_KERNELS=FILE: GPU time; else a no-op
         if isinstance(self._kernels, KernelWindow):  # the window times the step's host parts too
             self.config = replace(self.config, clock=self._kernels.clock)
+            self._kernels.order = self.config.step_order
         mode = self.config.attention
         if is_folded(mode) and (why := unfoldable(model, mode)) is not None:
             raise ValueError(why)

@@ -34,6 +34,7 @@ class KernelWindow(NoWindow):
         self._t0 = 0.0
         self.done = False
         self.clock = StepClock()  # the engine hands it to its batched step (batch_logits.py)
+        self.order = "pipelined"  # the engine's step order, for the report's first line
 
     @staticmethod
     def from_env() -> NoWindow:
@@ -86,7 +87,7 @@ class KernelWindow(NoWindow):
         self._open.__exit__(None, None, None)
         lines = [
             f"== engine window: {self._profiled} turns of >= {self.rows} rows from the "
-            f"{self.start}-th, step order {os.environ.get('MLXD_STEP_ORDER', 'pipelined')}: "
+            f"{self.start}-th, step order {self.order}: "
             f"host wall {wall_ms:.3f} ms a turn",
             f"  {self.clock.line()}; the rest of a turn (the engine's, mlx-lm's own work) "
             f"{wall_ms - sum(self.clock.sums.values()) * 1e3 / max(self.clock.steps, 1):.3f}",

@@ -18,7 +18,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..engine import Engine
+from ..engine import Engine, step_order
 from ..engine.arrivals import Arrivals
 from ..engine.batch import BatchConfig
 from ..engine.batch_prompt import clears_cache
@@ -132,6 +132,8 @@ class ModelProvider:
                     a.prefill_batch_tokens, min(a.batch, a.prompt_concurrency), a.prefill_step_size
                 ),
                 phases=step_phases(getattr(a, "switch_interval", None)),
+                step_order=step_order.order(getattr(a, "step_order", None)),
+                split_fraction=step_order.split_fraction(),
             ),
             prefix_store=store,
             namespace=namespace,

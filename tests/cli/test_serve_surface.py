@@ -190,6 +190,50 @@ def test_join_window_must_be_seconds_between_0_and_10(value: str, capsys) -> Non
 
 
 @pytest.mark.parametrize(
+    "flags,env,order",
+    [([], None, "pipelined"), ([], "split", "split"), (["--step-order", "wait"], "split", "wait"),
+     (["--step-order", "split"], None, "split")],
+)  # fmt: skip
+def test_step_order_reaches_the_engine(flags, env, order, tiny_model, tmp_path, monkeypatch):
+    """--step-order (else MLXD_STEP_ORDER, else pipelined) is the engine's batched step order,
+    with MLXD_STEP_SPLIT's share of layers for split."""
+    from mlxd.serve.main import make_state
+
+    if env is None:
+        monkeypatch.delenv("MLXD_STEP_ORDER", raising=False)
+    else:
+        monkeypatch.setenv("MLXD_STEP_ORDER", env)
+    monkeypatch.setenv("MLXD_STEP_SPLIT", "0.5")
+    model = str(tiny_model("qwen3"))
+    args = build_parser().parse_args(
+        ["serve", "--model", model, "--data-dir", str(tmp_path), *flags]
+    )
+    state = make_state(args)
+    try:
+        config = state.provider.default.engine.config
+        assert (config.step_order, config.split_fraction) == (order, 0.5)
+    finally:
+        state.provider.close()
+
+
+@pytest.mark.parametrize("env", [("MLXD_STEP_ORDER", "later"), ("MLXD_STEP_SPLIT", "2")])
+def test_a_bad_step_order_environment_stops_serve_with_one_line(env, monkeypatch) -> None:
+    import mlxd.serve.main as serve_main
+    from mlxd.cli import serve as serve_cli
+
+    monkeypatch.setenv(*env)
+    monkeypatch.setattr(serve_main, "serve", lambda a: pytest.fail("served"))
+    with pytest.raises(SystemExit, match="mlxd serve: error: .*(one of|a fraction)"):
+        serve_cli.run(build_parser().parse_args(["serve"]))
+
+
+def test_step_order_flag_takes_only_the_three_orders(capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--step-order", "later"])
+    assert "--step-order" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
     "flags,budget",
     [([], 8 * 2048), (["--prefill-batch-tokens", "0"], None),
      (["--prefill-batch-tokens", "5000"], 5000),

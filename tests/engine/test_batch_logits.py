@@ -10,6 +10,7 @@ from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
 from mlx_lm.sample_utils import make_logits_processors
 
 from mlxd.engine.batch_logits import BiasedGenerationBatch
+from mlxd.engine.batch_row import BatchConfig
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.engine.sampling import SamplingParams
@@ -23,8 +24,8 @@ def _oracle(model, prompts, n, eos, processors):
     return batch_generator_outputs(model, prompts, n, eos, processors)
 
 
-def _run(model, prompts, n, eos, params: list[SamplingParams]):
-    engine = Engine(model)
+def _run(model, prompts, n, eos, params: list[SamplingParams], config: BatchConfig | None = None):
+    engine = Engine(model, batch_config=config)
     try:
         reqs = [
             GenerationRequest(prompt=mx.array(p), max_tokens=n, stop_token_ids=eos, sampling=s)
@@ -139,7 +140,7 @@ def test_a_rows_processors_sort_into_bias_penalties_grammar_or_none() -> None:
 def test_the_step_encoded_after_the_last_one_is_read_keeps_mlx_lms_bits(
     tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, split: float
 ) -> None:
-    """MLXD_STEP_ORDER=wait (and split: the first layers queued before the read) only moves
+    """`--step-order wait` (and split: the first layers queued before the read) only moves
     when a step is queued: the same tokens and logprobs as mlx-lm's BatchGenerator, through
     mlxd's own step (every step, with no processor at all)."""
     from mlx_lm import load
@@ -149,8 +150,8 @@ def test_the_step_encoded_after_the_last_one_is_read_keeps_mlx_lms_bits(
     model, tok = load(str(tiny_model("qwen3")))
     eos = frozenset(tok.eos_token_ids)
     prompts = [tok.encode(t) for t in TEXTS]
-    monkeypatch.setattr(BiasedGenerationBatch, "wait_first", True)
-    monkeypatch.setattr(BiasedGenerationBatch, "split", split)
+    order = "split" if split else "wait"
+    config = BatchConfig(8, 8, 2048, step_order=order, split_fraction=split)
     queued: list[int] = []
     first = step_order.first_layers
 
@@ -168,11 +169,33 @@ def test_the_step_encoded_after_the_last_one_is_read_keeps_mlx_lms_bits(
 
     monkeypatch.setattr(BiasedGenerationBatch, "_readouts", counting)
     ref = _oracle(model, prompts, 10, eos, [[] for _ in TEXTS])
-    got = _run(model, prompts, 10, eos, [SamplingParams() for _ in TEXTS])
+    got = _run(model, prompts, 10, eos, [SamplingParams() for _ in TEXTS], config)
     assert_same_outputs(got, ref)
     assert max(steps) == len(TEXTS) and len(steps) >= 9  # mlxd's step, not mlx-lm's
     # split: the first of the tiny model's 2 layers (its keys and values) queued every step
     assert queued == ([2] * len(steps) if split else [])
+
+
+def test_the_default_order_is_mlx_lms_own_step(
+    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a step order (nor a processor), mlx-lm's GenerationBatch._step runs as it is:
+    the order is the engine's config, not a class default read from the environment."""
+    from mlx_lm import load
+
+    monkeypatch.setenv("MLXD_STEP_ORDER", "split")  # the flag's default only; not read here
+    model, tok = load(str(tiny_model("qwen3")))
+    prompts = [tok.encode(t) for t in TEXTS[:2]]
+    steps: list[int] = []
+    inner = BiasedGenerationBatch._readouts
+
+    def counting(self, sampled, logprobs):
+        steps.append(len(self.uids))
+        return inner(self, sampled, logprobs)
+
+    monkeypatch.setattr(BiasedGenerationBatch, "_readouts", counting)
+    got = _run(model, prompts, 6, frozenset(tok.eos_token_ids), [SamplingParams()] * 2)
+    assert [len(h) for h in got] == [6, 6] and steps == []
 
 
 def test_step_order_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +205,9 @@ def test_step_order_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.delenv("MLXD_STEP_ORDER", raising=False)
     assert step_order.order() == "pipelined"
+    assert step_order.order("wait") == "wait"  # the flag's value first
     monkeypatch.setenv("MLXD_STEP_ORDER", "split")
+    assert step_order.order("pipelined") == "pipelined"
     monkeypatch.setenv("MLXD_STEP_SPLIT", "0.25")
     assert step_order.order() == "split" and step_order.split_fraction() == 0.25
     for bad in ("0", "1.5", "half"):

@@ -118,6 +118,7 @@ def _two_rows(engine) -> list[list[int]]:
 def test_the_engine_reports_its_rows_and_times_its_steps(tiny_model, monkeypatch, tmp_path) -> None:
     from mlx_lm import load
 
+    from mlxd.engine.batch_row import BatchConfig
     from mlxd.engine.engine import Engine
 
     model = load(str(tiny_model("qwen3")))[0]
@@ -126,7 +127,7 @@ def test_the_engine_reports_its_rows_and_times_its_steps(tiny_model, monkeypatch
     monkeypatch.setattr("mlxd.engine.kernel_window._cupti", FakeProfiler)
     monkeypatch.setenv("MLXD_KERNELS", str(tmp_path / "k.txt"))
     monkeypatch.setenv("MLXD_KERNELS_AT", "2 1 3")
-    engine = Engine(model, batch=4)
+    engine = Engine(model, batch=4, batch_config=BatchConfig(4, 4, 2048, step_order="split"))
     window = engine._kernels
     assert isinstance(window, KernelWindow) and engine.config.clock is window.clock
     seen: list[int] = []
@@ -135,8 +136,8 @@ def test_the_engine_reports_its_rows_and_times_its_steps(tiny_model, monkeypatch
     assert _two_rows(engine) == plain  # the timed step is the same step
     assert seen[0] == 0 and 2 in seen  # serial turns report 0; the two-row batch reports 2
     text = (tmp_path / "k.txt").read_text()
-    assert "3 turns of >= 2 rows from the 1-th" in text
-    assert "host ms a step (3 steps): build " in text and ", encode " in text
+    assert "3 turns of >= 2 rows from the 1-th, step order split" in text
+    assert "host ms a step (3 steps): build " in text and ", encode first " in text
     assert ", wait " in text
 
 
