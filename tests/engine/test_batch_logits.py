@@ -136,6 +136,19 @@ def test_a_rows_processors_sort_into_bias_penalties_grammar_or_none() -> None:
     assert _kinds([grammar, bias]) is None  # not mlx-lm's order
 
 
+def _own_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each step mlxd's own step lines ran (not mlx-lm's `_step`)."""
+    steps: list[int] = []
+    inner = BiasedGenerationBatch._readouts
+
+    def counting(self, sampled, logprobs):
+        steps.append(len(self.uids))
+        return inner(self, sampled, logprobs)
+
+    monkeypatch.setattr(BiasedGenerationBatch, "_readouts", counting)
+    return steps
+
+
 @pytest.mark.parametrize("split", [0.0, 0.5], ids=["wait", "split"])
 def test_the_step_encoded_after_the_last_one_is_read_keeps_mlx_lms_bits(
     tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, split: float
@@ -160,14 +173,7 @@ def test_the_step_encoded_after_the_last_one_is_read_keeps_mlx_lms_bits(
         return first(caches, fraction)
 
     monkeypatch.setattr(step_order, "first_layers", spy)
-    steps: list[int] = []
-    inner = BiasedGenerationBatch._readouts
-
-    def counting(self, sampled, logprobs):
-        steps.append(len(self.uids))
-        return inner(self, sampled, logprobs)
-
-    monkeypatch.setattr(BiasedGenerationBatch, "_readouts", counting)
+    steps = _own_steps(monkeypatch)
     ref = _oracle(model, prompts, 10, eos, [[] for _ in TEXTS])
     got = _run(model, prompts, 10, eos, [SamplingParams() for _ in TEXTS], config)
     assert_same_outputs(got, ref)
@@ -186,14 +192,7 @@ def test_the_default_order_is_mlx_lms_own_step(
     monkeypatch.setenv("MLXD_STEP_ORDER", "split")  # the flag's default only; not read here
     model, tok = load(str(tiny_model("qwen3")))
     prompts = [tok.encode(t) for t in TEXTS[:2]]
-    steps: list[int] = []
-    inner = BiasedGenerationBatch._readouts
-
-    def counting(self, sampled, logprobs):
-        steps.append(len(self.uids))
-        return inner(self, sampled, logprobs)
-
-    monkeypatch.setattr(BiasedGenerationBatch, "_readouts", counting)
+    steps = _own_steps(monkeypatch)
     got = _run(model, prompts, 6, frozenset(tok.eos_token_ids), [SamplingParams()] * 2)
     assert [len(h) for h in got] == [6, 6] and steps == []
 
