@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator, Iterator
 from .request import DoneEvent, TokenEvent
 
 Event = TokenEvent | DoneEvent
+Watchers = list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]  # async readers to wake
 
 
-def wake(watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
+def wake(watchers: Watchers) -> None:
     """Set the readers' flags, with one thread-safe call (one self-pipe write) per event loop."""
     by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
     for loop, flag in watchers:
@@ -46,13 +47,13 @@ class RequestHandle:
         if watchers := self._watching():
             wake(watchers)
 
-    def put_quiet(self, event: Event) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]:
+    def put_quiet(self, event: Event) -> Watchers:
         """Queue `event` without waking anyone; the caller passes the result to `wake` (one
         wake-up per event loop for a whole batched step, not one per row)."""
         self._events.put(event)
         return self._watching()
 
-    def _watching(self) -> list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]:
+    def _watching(self) -> Watchers:
         if not self._watchers:  # a thread reader: no lock (an async reader re-checks the queue
             return []  # after registering, so one added just now sees this event anyway)
         with self._lock:

@@ -50,11 +50,14 @@ class Turns:
             trace.begin()
             self._admit(only)
             if self.admission.closed:
+                self._release_held()
                 self._shutdown()
                 trace.close()
                 return False
             tic = time.perf_counter()
             trace.mark("admit")
+            if not self._decode_only():
+                self._release_held()  # a prefill or a serial row comes before the next step
             if self._forks:
                 self._fork_turn()
                 trace.mark("fork")
@@ -74,6 +77,7 @@ class Turns:
             self._kernels.turn(sum(len(b) for b in self._batches.values()))
         except Exception as e:  # noqa: BLE001 - the loop must outlive any one turn's failure
             log.exception("engine turn failed; its rows end with the error")
+            self._release_held()
             self._fail_running(e)
             mx.clear_cache()
         return True
@@ -170,10 +174,24 @@ class Turns:
         for handle, event in events:
             self._tokens += isinstance(event, TokenEvent)
             watchers += handle.put_quiet(event)
-        wake(watchers)
+        if (phases := self.config.phases) is not None and self._decode_only():
+            phases.held.hold(watchers)  # woken as the next step is queued (gil.py)
+        else:
+            self._release_held()
+            wake(watchers)
         if self._clear_due:
             self._clear_due = False
             mx.clear_cache()
+
+    def _decode_only(self) -> bool:
+        """The next turn is a decode step of running batches and nothing else."""
+        if self._forks or self._serial is not None or not self._batches:
+            return False
+        return not any(b.gen._unprocessed_sequences for b in self._batches.values())
+
+    def _release_held(self) -> None:
+        if (phases := self.config.phases) is not None:
+            phases.held.release()
 
     def _close(self, fmt: Any, batch: Any) -> None:
         batch.close()

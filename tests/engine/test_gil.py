@@ -100,3 +100,87 @@ def test_a_lone_row_decodes_under_the_short_interval_with_generate_steps_bits(
     assert [t for t, _ in got] == [t for t, _ in ref]
     assert all(mx.array_equal(a, b).item() for (_, a), (_, b) in zip(got, ref, strict=True))
     assert len(seen) >= 7 and all(s == pytest.approx(PHASES.wait_s) for s in seen)
+
+
+def test_held_wake_wakes_once_and_never_holds_two_steps() -> None:
+    import asyncio
+
+    from mlxd.engine.gil import HeldWake
+
+    loop = asyncio.new_event_loop()
+    try:
+        flags = [asyncio.Event() for _ in range(3)]
+        held = HeldWake()
+        held.hold([(loop, flags[0])])
+        held.release()
+        held.release()  # nothing left: no second call
+        held.hold([(loop, flags[1])])
+        held.hold([(loop, flags[2])])  # the first still held: woken now, not dropped
+        loop.run_until_complete(asyncio.sleep(0))
+        assert [f.is_set() for f in flags] == [True, True, False]
+        held.release()
+        loop.run_until_complete(asyncio.sleep(0))
+        assert flags[2].is_set()
+    finally:
+        loop.close()
+
+
+def test_readers_are_woken_as_the_next_step_is_queued(
+    tiny_model: Callable[..., Path], monkeypatch, interval
+) -> None:
+    """With the engine's phases, async readers of a batched step's tokens are woken inside the
+    next step (after its build, before its queue), not between turns; every token arrives, with
+    the bits of the same engine without phases."""
+    import asyncio
+
+    from mlx_lm import load
+
+    from mlxd.engine import gil
+
+    model, tok = load(str(tiny_model("qwen3")))
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    inside: list[bool] = [False]  # the engine thread is inside a batched step
+    wakes: list[bool] = []  # for each held wake-up: was it inside a step?
+    step = BiasedGenerationBatch._processed_step
+
+    def stepping(self):
+        inside[0] = True
+        try:
+            return step(self)
+        finally:
+            inside[0] = False
+
+    def waking(watchers):
+        wakes.append(inside[0])
+        return real_wake(watchers)
+
+    real_wake = gil.wake
+    monkeypatch.setattr(BiasedGenerationBatch, "_processed_step", stepping)
+    monkeypatch.setattr(gil, "wake", waking)
+
+    def read(phases: StepPhases | None) -> list[list[tuple[int, mx.array]]]:
+        engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, phases=phases))
+        reqs = [
+            GenerationRequest(prompt=mx.array(p), max_tokens=12, stop_token_ids=eos)
+            for p in prompts
+        ]
+
+        async def drain(handle) -> list[tuple[int, mx.array]]:
+            return [(e.token, e.logprobs) async for e in handle]
+
+        async def main():
+            handles = engine.submit_many(reqs)
+            return await asyncio.gather(*(drain(h) for h in handles))
+
+        try:
+            return asyncio.run(main())
+        finally:
+            engine.close()
+
+    plain = read(None)
+    assert wakes == []  # no phases: every wake-up at once, none held
+    got = read(StepPhases(build_s=0.0042, wait_s=0.00031))
+    assert_same_outputs(got, plain)
+    assert all(len(h) == 12 for h in got)
+    assert len(wakes) >= 8 and all(wakes)  # each held wake-up went out inside the next step
