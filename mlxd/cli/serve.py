@@ -174,13 +174,15 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from ..engine import step_order
+    from ..engine.gil import step_phases
     from ..serve.main import apply_config, serve
 
     apply_config(args, _defaults)
     resolve_kv_config(args)
-    try:  # the step order's environment default, checked before a model loads
+    try:  # the environment's engine switches, checked before a model loads
         args.step_order = step_order.order(args.step_order)
         step_order.split_fraction()
+        step_phases(args.switch_interval)
     except ValueError as e:
         raise SystemExit(f"mlxd serve: error: {e}") from e
     if args.cuda_graphs == "off":  # read by MLX at its first GPU command, so before the model

@@ -13,6 +13,7 @@ tokens are read (`HeldWake`): their frames are then written while the engine wai
 builds the next step (session 43: a fleet step's build took 4.2 ms against 1.8 ms alone).
 """
 
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -43,6 +44,7 @@ class StepPhases:
     build_s: float  # while the step's graph is built: how long a waiting thread waits
     wait_s: float = WAIT_S  # from the step's async_eval on
     held: HeldWake = field(default_factory=HeldWake, compare=False)  # the last step's readers
+    hold_wakes: bool = True  # False: readers woken as their tokens are read (MLXD_HELD_WAKE=0)
 
     def building(self) -> None:
         sys.setswitchinterval(self.build_s)
@@ -54,5 +56,11 @@ class StepPhases:
 
 
 def step_phases(setting: float | str | None) -> StepPhases | None:
-    """`--switch-interval engine`: phases around Python's interval as it is now; else None."""
-    return StepPhases(sys.getswitchinterval()) if setting == "engine" else None
+    """`--switch-interval engine`: phases around Python's interval as it is now; else None.
+    MLXD_HELD_WAKE=0 wakes readers at once, as without phases (for A/B runs)."""
+    if setting != "engine":
+        return None
+    hold = os.environ.get("MLXD_HELD_WAKE", "1")
+    if hold not in ("0", "1"):
+        raise ValueError(f"MLXD_HELD_WAKE={hold!r}: 0 or 1")
+    return StepPhases(sys.getswitchinterval(), hold_wakes=hold == "1")

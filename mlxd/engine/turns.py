@@ -174,7 +174,8 @@ class Turns:
         for handle, event in events:
             self._tokens += isinstance(event, TokenEvent)
             watchers += handle.put_quiet(event)
-        if (phases := self.config.phases) is not None and self._decode_only():
+        phases = self.config.phases
+        if phases is not None and phases.hold_wakes and self._decode_only():
             phases.held.hold(watchers)  # woken as the next step is queued (gil.py)
         else:
             self._release_held()

@@ -216,15 +216,17 @@ def test_step_order_reaches_the_engine(flags, env, order, tiny_model, tmp_path, 
         state.provider.close()
 
 
-@pytest.mark.parametrize("env", [("MLXD_STEP_ORDER", "later"), ("MLXD_STEP_SPLIT", "2")])
+@pytest.mark.parametrize(
+    "env", [("MLXD_STEP_ORDER", "later"), ("MLXD_STEP_SPLIT", "2"), ("MLXD_HELD_WAKE", "yes")]
+)
 def test_a_bad_step_order_environment_stops_serve_with_one_line(env, monkeypatch) -> None:
     import mlxd.serve.main as serve_main
     from mlxd.cli import serve as serve_cli
 
     monkeypatch.setenv(*env)
     monkeypatch.setattr(serve_main, "serve", lambda a: pytest.fail("served"))
-    with pytest.raises(SystemExit, match="mlxd serve: error: .*(one of|a fraction)"):
-        serve_cli.run(build_parser().parse_args(["serve"]))
+    with pytest.raises(SystemExit, match="mlxd serve: error: .*(one of|a fraction|0 or 1)"):
+        serve_cli.run(build_parser().parse_args(["serve", "--switch-interval", "engine"]))
 
 
 def test_step_order_flag_takes_only_the_three_orders(capsys) -> None:

@@ -65,10 +65,17 @@ def test_phased_step_keeps_mlx_lms_bits_and_switches_by_phase(
     assert sys.getswitchinterval() == pytest.approx(PHASES.wait_s)  # the last step's waits
 
 
-def test_step_phases_only_for_engine(interval) -> None:
+def test_step_phases_only_for_engine(interval, monkeypatch) -> None:
     sys.setswitchinterval(0.003)
+    monkeypatch.delenv("MLXD_HELD_WAKE", raising=False)
     assert step_phases("engine") == StepPhases(build_s=pytest.approx(0.003))
+    assert step_phases("engine").hold_wakes  # type: ignore[union-attr]
     assert step_phases(None) is None and step_phases(0.001) is None
+    monkeypatch.setenv("MLXD_HELD_WAKE", "0")
+    assert not step_phases("engine").hold_wakes  # type: ignore[union-attr]
+    monkeypatch.setenv("MLXD_HELD_WAKE", "yes")
+    with pytest.raises(ValueError, match="MLXD_HELD_WAKE='yes': 0 or 1"):
+        step_phases("engine")
 
 
 def test_a_lone_row_decodes_under_the_short_interval_with_generate_steps_bits(
@@ -180,6 +187,8 @@ def test_readers_are_woken_as_the_next_step_is_queued(
 
     plain = read(None)
     assert wakes == []  # no phases: every wake-up at once, none held
+    assert_same_outputs(read(StepPhases(0.0042, 0.00031, hold_wakes=False)), plain)
+    assert wakes == []  # MLXD_HELD_WAKE=0: the phases alone, readers woken at once
     got = read(StepPhases(build_s=0.0042, wait_s=0.00031))
     assert_same_outputs(got, plain)
     assert all(len(h) == 12 for h in got)
