@@ -92,6 +92,8 @@ class BiasedGenerationBatch(GenerationBatch):
             return super()._step()  # nothing this step does otherwise
         kinds = [_kinds(p) for p in self.logits_processors]
         if any(k is None for k in kinds):
+            if self.phases is not None:
+                self.phases.held.release()  # no queue point of ours in mlx-lm's step
             return super()._step()  # a processor of the caller's own: mlx-lm's step
         biases = [k[0] for k in kinds]  # type: ignore[index]
         penalties = [k[1] for k in kinds]  # type: ignore[index]

@@ -166,10 +166,12 @@ def test_readers_are_woken_as_the_next_step_is_queued(
     monkeypatch.setattr(BiasedGenerationBatch, "_processed_step", stepping)
     monkeypatch.setattr(gil, "wake", waking)
 
-    def read(phases: StepPhases | None) -> list[list[tuple[int, mx.array]]]:
+    def read(phases: StepPhases | None, own=None) -> list[list[tuple[int, mx.array]]]:
         engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, phases=phases))
         reqs = [
-            GenerationRequest(prompt=mx.array(p), max_tokens=12, stop_token_ids=eos)
+            GenerationRequest(
+                prompt=mx.array(p), max_tokens=12, stop_token_ids=eos, logits_processors=own
+            )
             for p in prompts
         ]
 
@@ -193,3 +195,10 @@ def test_readers_are_woken_as_the_next_step_is_queued(
     assert_same_outputs(got, plain)
     assert all(len(h) == 12 for h in got)
     assert len(wakes) >= 8 and all(wakes)  # each held wake-up went out inside the next step
+    wakes.clear()  # a caller's own processor: mlx-lm's step, the readers woken as it starts
+
+    def own(tokens, logits):
+        return logits
+
+    assert_same_outputs(read(StepPhases(0.0042, 0.00031), [own]), read(None, [own]))
+    assert len(wakes) >= 8 and all(wakes)
