@@ -2,7 +2,12 @@
 every row, as the real engine's batched turn does (queued quietly, one wake-up per step). Each
 step first holds the GIL for `gil_s` (the real step's Python graph build), then waits without
 it for the rest of the step (the real step's `mx.async_eval`). The steps it achieves, against
-the ones it was paced at, show what the event loop's GIL time costs the engine."""
+the ones it was paced at, show what the event loop's GIL time costs the engine.
+`work`: the build is a fixed amount of Python work (as long as `gil_s` alone), so the loop's
+frames stretch it as they stretch a real build, the device part is a fixed `step_s - gil_s`,
+and `rest_s` of Python work follows the tokens (the engine's turn before its next build);
+`phases`: `--switch-interval engine`'s intervals and, unless MLXD_HELD_WAKE=0, its held
+wake-up (engine/gil.py): the readers woken as the next step is queued."""
 
 import threading
 import time
@@ -10,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.handle import RequestHandle, wake
+from ..engine.gil import StepPhases
+from ..engine.handle import RequestHandle, Watchers, wake
 from ..engine.request import DoneEvent, GenerationRequest, TokenEvent
 
 
@@ -37,8 +43,14 @@ class PacedEngine:
     _work: threading.Event = field(default_factory=threading.Event)
     _tokens: int = 0
     on_close: Callable[[], None] | None = None
+    work: bool = False
+    phases: StepPhases | None = None
+    builds: list[float] = field(default_factory=list)  # each build's wall time (work mode)
+    rest_s: float = 0.0  # work mode: the turn's own Python work between its tokens and the build
 
     def __post_init__(self) -> None:
+        self._spins = _calibrate(self.gil_s) if self.work else 0
+        self._rest_spins = _calibrate(self.rest_s) if self.work and self.rest_s > 0 else 0
         self._thread = threading.Thread(target=self._loop, name="paced-engine", daemon=True)
         self._thread.start()
         self.native_id: int | None = None
@@ -85,13 +97,34 @@ class PacedEngine:
                 self._work.clear()
                 continue
             start = time.perf_counter()
-            while time.perf_counter() - start < self.gil_s:  # Python work: holds the GIL
-                pass
-            rest = self.step_s - (time.perf_counter() - start)
+            self._build(start)
+            rest = self.step_s - (self.gil_s if self.work else time.perf_counter() - start)
             if rest > 0:
                 time.sleep(rest)  # the device's part of the step: the GIL is free
             self._emit()
+            _spin(self._rest_spins)  # the engine's turn after the tokens, before the next build
             self.steps.append(time.perf_counter() - start)
+        if self.phases is not None:
+            self.phases.held.release()
+
+    def _build(self, start: float) -> None:
+        if self.phases is not None:
+            self.phases.building()
+        if self.work:
+            _spin(self._spins)
+        while time.perf_counter() - start < self.gil_s:  # Python work: holds the GIL
+            pass  # (work mode: spun already; this only ends a build shorter than alone)
+        self.builds.append(time.perf_counter() - start)
+        if self.phases is not None:
+            self.phases.waiting()  # the step is queued: held readers woken
+
+    def _wake(self, watchers: Watchers, more: bool) -> None:
+        if self.phases is not None and self.phases.hold_wakes and more:
+            self.phases.held.hold(watchers)
+        else:
+            if self.phases is not None:
+                self.phases.held.release()
+            wake(watchers)
 
     def _emit(self) -> None:
         with self._lock:
@@ -116,4 +149,21 @@ class PacedEngine:
         if ended:
             with self._lock:
                 self._rows = [r for r in self._rows if r not in ended]
-        wake(watchers)
+        self._wake(watchers, bool(self._rows))
+
+
+def _spin(n: int) -> int:
+    total = 0
+    for i in range(n):  # pure Python: holds the GIL, as a step's graph build does
+        total += i & 7
+    return total
+
+
+def _calibrate(seconds: float) -> int:
+    """Spins that take `seconds` alone (the fastest of a few tries)."""
+    n, best = 20_000, float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        _spin(n)
+        best = min(best, time.perf_counter() - t)
+    return max(1, int(n * seconds / best))

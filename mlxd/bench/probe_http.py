@@ -28,23 +28,29 @@ def _serve_child(a: argparse.Namespace) -> None:
     import uvicorn
 
     from ..cli import build_parser
+    from ..engine.gil import step_phases
     from ..serve.app import build_app
     from ..serve.main import make_state
     from .paced_engine import PacedEngine
 
     if a.switch_interval is not None:
         sys.setswitchinterval(a.switch_interval)
+    phases = step_phases("engine") if a.engine_phases else None
     args = build_parser().parse_args(["serve", "--model", a.model, "--port", str(a.port)])
     state = make_state(args)
     served = state.provider.default
     tok = served.tokenizer
     ids = tok.encode(" the quick brown fox jumps over a lazy dog and runs far away")
-    engine = PacedEngine([(i, tok.decode([i])) for i in ids], a.step_ms / 1e3, a.gil_ms / 1e3)
+    pieces = [(i, tok.decode([i])) for i in ids]
+    engine = PacedEngine(
+        pieces, a.step_ms / 1e3, a.gil_ms / 1e3, work=a.work, phases=phases, rest_s=a.rest_ms / 1e3
+    )
     served.engine.close()
     state.provider.default = dataclasses.replace(served, engine=engine)
 
     def report() -> None:
-        out = {"engine_tid": engine.native_id, "loop_tid": os.getpid(), "steps": engine.steps}
+        out = {"engine_tid": engine.native_id, "loop_tid": os.getpid(), "steps": engine.steps,
+               "builds": engine.builds}  # fmt: skip
         Path(a.stats).write_text(json.dumps(out))
 
     engine.on_close = report  # the app's lifespan closes the engines at shutdown
@@ -105,6 +111,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                "--stats", str(stats)]  # fmt: skip
         if a.switch_interval is not None:
             cmd += ["--switch-interval", str(a.switch_interval)]
+        cmd += ["--work"] * a.work + ["--engine-phases"] * a.engine_phases
+        cmd += ["--rest-ms", str(a.rest_ms)]
         proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
         _wait(port, proc)
         asyncio.run(_round(port, a.streams, min(a.tokens, 32)))  # warm-up
@@ -126,6 +134,11 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
         "paced_step_ms": a.step_ms,
         "step_p50_ms": round(1e3 * statistics.median(steps), 3),
         "step_mean_ms": round(1e3 * statistics.fmean(steps), 3),
+        **(
+            {"build_p50_ms": round(1e3 * statistics.median(b), 3)}
+            if (b := report["builds"])
+            else {}
+        ),
     }
 
 
@@ -152,6 +165,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--step-ms", type=float, default=10.0, help="the paced engine's step")
     p.add_argument("--gil-ms", type=float, default=2.3, help="of it, Python work holding the GIL")
     p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval")
+    p.add_argument(
+        "--work",
+        action="store_true",
+        help="the engine's build as fixed Python work (--gil-ms alone), which the loop's frames "
+        "stretch, and a fixed device part (--step-ms minus --gil-ms)",
+    )
+    p.add_argument(
+        "--rest-ms",
+        type=float,
+        default=0.0,
+        help="with --work: Python work after each step's tokens, before the next build (the "
+        "engine's turn: ~1 ms on the H100 in session 43)",
+    )
+    p.add_argument(
+        "--engine-phases",
+        action="store_true",
+        help="--switch-interval engine's intervals and held wake-up (MLXD_HELD_WAKE=0: none)",
+    )
     p.add_argument("--serve-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--stats", help=argparse.SUPPRESS)
