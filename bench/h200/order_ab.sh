@@ -11,7 +11,6 @@
 set -euo pipefail
 source bench/h200/setup.sh
 shape=$1 agents=$2 extra=$3
-model=$(model_dir "$shape")
 graphs=1
 [[ "$extra" == *"--cuda-graphs off"* ]] && graphs=0
 mode=$(echo "$extra" | grep -oE 'attention [a-z+]+' | cut -d' ' -f2)
@@ -20,9 +19,4 @@ if [ "${KERNELS:-1}" != 0 ]; then
     --modes "${mode:-mlx}" --orders ${ORDERS:-pipelined wait split} --repeat 2 --top 6 2>&1 | grep -v -i warn \
     | tee "$OUT/order-kernels-$shape.txt"
 fi
-work=(--agents "$agents" --turns 2 --warmup 8 --max-tokens 256 --system-tokens 3600
-  --batch "${BATCH:-32}" --mlxd-args "$extra")
-python3 -m mlxd bench serve --model "$model" "${work[@]}" --only mlxd >/dev/null 2>&1 || true
-KERNELS_AT=${KERNELS_AT-32 60 40} ROUNDS=${ROUNDS:-2} env_ab MLXD_STEP_ORDER "${ORDERS:-pipelined wait split}" order-ab.txt "$model" "${work[@]}"
-cd "$OUT" && tar czf "order-ab-traces-$shape.tar.gz" trace-*.jsonl env-*.json \
-  && rm -f trace-*.jsonl env-*.json && mv order-ab.txt "order-ab-$shape-$agents.txt"
+ROUNDS=${ROUNDS:-2} fleet_env_ab MLXD_STEP_ORDER "${ORDERS:-pipelined wait split}" order-ab "$shape" "$agents" "$extra"

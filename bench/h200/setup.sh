@@ -39,3 +39,16 @@ env_ab() {  # env_ab VAR "VALUES" TXT MODEL BENCH_ARGS...: mlxd alone, ROUNDS (d
     done
   done
 }
+fleet_env_ab() {  # fleet_env_ab VAR "VALUES" NAME SHAPE AGENTS "MLXD_ARGS": the 256-token fleet
+  # (2 turns, 3.6k system prompt), an untimed run first, then env_ab with an engine window per
+  # round (KERNELS_AT, default "32 60 40"; KERNELS_AT= none); $OUT/NAME-SHAPE-AGENTS.txt and
+  # the traces in NAME-traces-SHAPE.tar.gz
+  local var=$1 values=$2 name=$3 shape=$4 agents=$5 extra=$6 model
+  model=$(model_dir "$shape")
+  local work=(--agents "$agents" --turns 2 --warmup 8 --max-tokens 256 --system-tokens 3600
+    --batch "${BATCH:-32}" --mlxd-args "$extra")
+  python3 -m mlxd bench serve --model "$model" "${work[@]}" --only mlxd >/dev/null 2>&1 || true
+  KERNELS_AT=${KERNELS_AT-32 60 40} env_ab "$var" "$values" "$name.txt" "$model" "${work[@]}"
+  (cd "$OUT" && tar czf "$name-traces-$shape.tar.gz" trace-*.jsonl env-*.json \
+    && rm -f trace-*.jsonl env-*.json && mv "$name.txt" "$name-$shape-$agents.txt")
+}
