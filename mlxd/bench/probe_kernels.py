@@ -134,37 +134,72 @@ def profile(
     the last one's result is read; wait, built, the last one read, then queued; split, its
     first layers queued before that read), under torch.profiler; the kernels, the host's wall
     ms a step, and the host's parts of a step as the engine's window times them."""
-    import mlx.core as mx
     import torch.profiler as tp
-
-    from ..engine.step_order import first_layers, split_fraction
 
     clock = StepClock()
     with tp.profile(activities=[tp.ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        prev = step()
-        mx.async_eval(prev)
-        for _ in range(steps - 1):
-            clock.start()
-            out = step()
-            clock.mark("build")
-            if order == "split":  # probe_ops' step_fn hands its caches over as `cache`
-                mx.async_eval(*first_layers(step.cache, split_fraction()))
-                clock.mark("encode first")
-            if order != "pipelined":
-                prev[1].tolist()
-                clock.mark("wait first")
-            mx.async_eval(out)
-            clock.mark("encode")
-            prev[1].tolist()  # BatchGenerator reads the last step's tokens here
+        wall = (
+            _threaded(step, steps, clock) if order == "thread" else _run(step, steps, clock, order)
+        )
+    return _exported(prof), wall, clock
+
+
+def _run(step: Any, steps: int, clock: StepClock, order: str, enc: Any = None) -> float:
+    """The steps in `order` (with `enc`, the thread order's encoder); the ms a step."""
+    import mlx.core as mx
+
+    from ..engine.step_order import first_layers, split_fraction
+
+    t0 = time.perf_counter()
+    prev = step()
+    mx.async_eval(prev)
+    for _ in range(steps - 1):
+        clock.start()
+        out = step()
+        clock.mark("build")
+        first = first_layers(step.cache, split_fraction()) if order in ("split", "thread") else []
+        if enc is not None:  # its first layers, the last tokens read, then the rest
+            enc.step([prev[1]], prev[1], [out], first)
             clock.mark("wait")
             prev = out
-        prev[1].tolist()
-        wall = (time.perf_counter() - t0) * 1e3 / steps
+            continue
+        if first:  # probe_ops' step_fn hands its caches over as `cache`
+            mx.async_eval(*first)
+            clock.mark("encode first")
+        if order != "pipelined":
+            prev[1].tolist()
+            clock.mark("wait first")
+        mx.async_eval(out)
+        clock.mark("encode")
+        prev[1].tolist()  # BatchGenerator reads the last step's tokens here
+        clock.mark("wait")
+        prev = out
+    if enc is not None:
+        enc.settle()
+    prev[1].tolist()
+    return (time.perf_counter() - t0) * 1e3 / steps
+
+
+def _threaded(step: Any, steps: int, clock: StepClock) -> float:
+    """The thread order (engine/encoder.py): each step built here on the encoder's stream, the
+    last one's tokens read and this one queued on the encoder's thread; the ms a step."""
+    import mlx.core as mx
+
+    from ..engine.encoder import StepEncoder, stream
+
+    enc = StepEncoder()
+    try:
+        with mx.stream(stream()):
+            return _run(step, steps, clock, "thread", enc)
+    finally:
+        enc.close()
+
+
+def _exported(prof: Any) -> list[Kernel]:
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
     with open(path) as f:
-        return kernels(json.load(f)), wall, clock
+        return kernels(json.load(f))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -181,9 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--sequence", type=int, default=0, help="list this many kernels in order")
     p.add_argument(
-        "--orders", nargs="+", choices=["pipelined", "wait", "split"], default=["pipelined"],
+        "--orders", nargs="+", choices=["pipelined", "wait", "split", "thread"],
+        default=["pipelined"],
         help="step orders to profile in turn (wait: the last step read before the next is "
-        "queued; split: its first layers queued before that read; engine/step_order.py)",
+        "queued; split: its first layers queued before that read; thread: read and queued "
+        "on a thread of its own while the next is built; engine/step_order.py)",
     )  # fmt: skip
     p.add_argument("--repeat", type=int, default=1, help="profile the orders in turn this often")
     p.add_argument(

@@ -20,6 +20,7 @@ from .batch_logits import BiasedGenerationBatch
 from .batch_prompt import SharingPromptBatch, keep_buffers
 from .batch_row import BatchConfig, BatchedRow
 from .batch_sampling import default_on
+from .encoder import StepEncoder, stream
 from .handle import RequestHandle
 from .prefix import PrefixSharing
 from .prompt_waves import wave_size
@@ -58,6 +59,7 @@ class BatchedRows:
             prefill_batch_size=config.prefill_batch_size,
             prefill_step_size=config.prefill_step_size,
             max_kv_size=config.max_kv_size,
+            stream=stream() if config.step_order == "thread" else None,  # encoder.py
         )
         if not config.clear_cache:
             keep_buffers(self.gen)
@@ -76,8 +78,11 @@ class BatchedRows:
         self.clears = config.clear_cache
         self.decode.phases = config.phases
         self.decode.clock = config.clock
-        self.decode.wait_first = config.step_order != "pipelined"  # step_order.py
-        self.decode.split = config.split_fraction if config.step_order == "split" else 0.0
+        self.decode.wait_first = config.step_order in ("wait", "split")  # step_order.py
+        if config.step_order == "thread":
+            self.decode.encoder = StepEncoder()
+        split = config.step_order in ("split", "thread")  # thread: its first layers too
+        self.decode.split = config.split_fraction if split else 0.0
         self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
@@ -164,7 +169,12 @@ class BatchedRows:
             self.sharing.finish(row.req, plan, list(r.all_tokens), cache, False)
             parts.stop("finish", tic, [c.state for c in cache])  # its copy into the store
 
+    def settle(self) -> None:
+        """This batch's last step queued: before the engine thread evaluates (encoder.py)."""
+        self.decode.settle()
+
     def remove(self, row: BatchedRow) -> None:
+        self.settle()
         if self.sharing is not None:
             self.sharing.forget(row.req)
         self.gen.remove([row.uid])
@@ -176,6 +186,7 @@ class BatchedRows:
         GenerationBatch: `_next_tokens`, `_next_logprobs`); tests/engine covers it."""
         gen = self.gen
         batch = gen._generation_batch
+        self.settle()
         if len(self.rows) != 1 or len(batch) != 1:
             return None
         if len(gen._prompt_batch) or gen._unprocessed_sequences:
@@ -190,6 +201,8 @@ class BatchedRows:
         if self.gen._unprocessed_sequences:
             self.gen.prefill_batch_size = wave_size(self.gen, *self.wave)
         prompt_responses, responses = self.gen.next()
+        if prompt_responses or parts.start() is not None:
+            self.decode.settle()  # snapshots and the trace's syncs evaluate here
         if (tic := parts.start()) is not None and any(r.finish_reason for r in responses):
             self._leave_parts(tic)
         if self.sharing is not None:
@@ -211,7 +224,24 @@ class BatchedRows:
                 del self.rows[r.uid]
         return events
 
+    def discard(self) -> None:
+        """Close a batch whose rows were ended elsewhere (a failed turn, shutdown)."""
+        for end in (self._stop_encoder, self.gen.close):
+            try:
+                end()
+            except Exception:  # noqa: BLE001 - it is being discarded anyway
+                pass
+
+    def _stop_encoder(self) -> None:
+        if (encoder := self.decode.encoder) is not None:
+            self.decode.encoder = None
+            try:
+                encoder.settle()
+            finally:
+                encoder.close()
+
     def close(self) -> None:
+        self._stop_encoder()
         try:
             self.final_key = current_key()  # the thread's PRNG key after the batch's last draw
         except RuntimeError:  # a failed step left the key unevaluable

@@ -12,6 +12,8 @@ offsets share one add (kv/step_offsets.py).
 
 `wait_first` (`--step-order wait` or `split`, step_order.py): the step reads the last one's tokens
 before it is queued (split: after queuing its first layers), not after: KV writes in place.
+`encoder` (`--step-order thread`, encoder.py): a thread of its own reads them and queues the step
+while this one goes on; anything here that evaluates settles it first.
 """
 
 from collections.abc import Callable
@@ -26,6 +28,7 @@ from ..kv import step_offsets
 from . import step_order
 from .batch_penalties import apply_penalties
 from .batch_sampling import sample_rows
+from .encoder import StepEncoder
 from .gil import StepPhases
 from .output import Readout
 from .sampling import LogitBias, Penalty
@@ -57,6 +60,8 @@ class BiasedGenerationBatch(GenerationBatch):
     wait_first = False  # read the last step first (BatchConfig.step_order; the module doc)
     split = 0.0  # with wait_first, the share of layers queued before that read
     clock: StepClock | None = None  # the host time of the step's parts (MLXD_KERNELS' window)
+    encoder: StepEncoder | None = None  # reads and queues the steps on its thread (encoder.py)
+    _hot = False  # the last step was queued here and the rows have not changed since
     # uid -> (logprob?, top k) when that row asked for logprob figures (its owner's lookup), and
     # the figures of the tokens the last step returned / the ones now computing (by uid: rows
     # move between steps)
@@ -82,6 +87,7 @@ class BiasedGenerationBatch(GenerationBatch):
     def _processed_step(self) -> tuple[list[int], list[mx.array]]:
         self.current_read, self._next_read = self._next_read, {}
         ours = self.wait_first or any(self.logits_processors) or self._mixed() or self._reading()
+        ours = ours or self.encoder is not None
         if self.phases is not None:  # this step's lines, to switch phases inside them
             self.phases.building()
             ours = True
@@ -94,6 +100,8 @@ class BiasedGenerationBatch(GenerationBatch):
         if any(k is None for k in kinds):
             if self.phases is not None:
                 self.phases.held.release()  # no queue point of ours in mlx-lm's step
+            self.settle()  # mlx-lm's step evaluates on this thread
+            self._hot = False
             return super()._step()  # a processor of the caller's own: mlx-lm's step
         biases = [k[0] for k in kinds]  # type: ignore[index]
         penalties = [k[1] for k in kinds]  # type: ignore[index]
@@ -110,6 +118,7 @@ class BiasedGenerationBatch(GenerationBatch):
         }
         masks = None
         if any(grammars):
+            self.settle()  # the masks read the last step's tokens here
             mx.async_eval(logits)  # the forward runs while the CPU fills the masks
             masks = self._masks(inputs, grammars)
         if any(biases):
@@ -140,6 +149,25 @@ class BiasedGenerationBatch(GenerationBatch):
             self.phases.waiting()
         if clock is not None:
             clock.mark("build")
+        if self.encoder is not None and self._hot:  # the read and the queue on its thread
+            read = [inputs, *self._current_logprobs]
+            read += [a for r in self.current_read.values() for a in r.arrays()]
+            queue = [self._next_tokens, *self._next_logprobs, *reads]
+            first = step_order.first_layers(self.prompt_cache, self.split) if self.split else []
+            tokens = self.encoder.step(read, inputs, queue, first)
+            if clock is not None:
+                clock.mark("wait")
+        else:
+            tokens = self._queue_and_read(inputs, reads)
+        self._hot = self.encoder is not None
+        for history, token in zip(self.tokens, tokens, strict=True):
+            history.append(token)
+        return tokens, self._current_logprobs
+
+    def _queue_and_read(self, inputs: mx.array, reads: list[mx.array]) -> list[int]:
+        """Queue this step and read the last one's tokens on this thread, in the step order."""
+        clock = self.clock
+        self.settle()
         if self.wait_first:  # the last step done (its buffers free) before this one is encoded
             if self.split:  # but its first layers, which the last step has long passed
                 mx.async_eval(*step_order.first_layers(self.prompt_cache, self.split))
@@ -154,10 +182,28 @@ class BiasedGenerationBatch(GenerationBatch):
         mx.eval(inputs, self._current_logprobs)
         if clock is not None:
             clock.mark("wait")
-        tokens = inputs.tolist()
-        for history, token in zip(self.tokens, tokens, strict=True):
-            history.append(token)
-        return tokens, self._current_logprobs
+        return inputs.tolist()
+
+    def settle(self) -> None:
+        """The encoder's last step queued (before this thread evaluates anything)."""
+        if self.encoder is not None:
+            self.encoder.settle()
+
+    # The rows change (or a row's caches are read): settled first, and the next step queued here
+    # (a joiner's arrays may wait on this thread's own stream).
+    def filter(self, keep: list[int]) -> None:
+        self.settle()
+        self._hot = False
+        super().filter(keep)
+
+    def extend(self, batch: Any) -> None:
+        self.settle()
+        self._hot = False
+        super().extend(batch)
+
+    def extract_cache(self, idx: int) -> list[Any]:
+        self.settle()
+        return super().extract_cache(idx)
 
     def _reading(self) -> bool:
         """A row asked for logprob figures (built in this step's graph, not after it)."""

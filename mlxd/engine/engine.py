@@ -224,6 +224,8 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
     def _shutdown(self) -> None:
         handles = self._active() + self.admission.drain()
         handles += [h for group in self._groups.values() for h in group]
+        for batch in self._batches.values():
+            batch.discard()
         self._serial, self._batches, self._forks = None, {}, []
         for handle in handles:
             handle.put(DoneEvent("cancelled"))
@@ -242,10 +244,7 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
         handles += [h for group in self._groups.values() for h in group]
         self._serial, self._alone, self._forks, self._groups = None, False, [], {}
         for batch in self._batches.values():
-            try:
-                batch.gen.close()
-            except Exception:  # noqa: BLE001 - it is being discarded anyway
-                pass
+            batch.discard()
         self._batches = {}
         self._keys = KeyOwner()
         if self.sharing is not None:

@@ -9,6 +9,9 @@ MLXD_STEP_ORDER environment variable gives the default, for the device scripts' 
 - `split`: the first MLXD_STEP_SPLIT (default 1/3) of the layers are queued before the read,
   the rest after. Step n is by then past its first layers, so their writes are in place, and
   the GPU has them to run while the rest is encoded.
+- `thread`: split's order, but on a thread of its own (encoder.py): it queues step n+1's first
+  layers, reads step n's tokens, then queues the rest while the engine thread emits them and
+  builds step n+2.
 The graph is the same in every order: the same bits. On an H100, 32 agents on a 0.6B model
 (host-bound: GPU busy 56% of a pipelined step), split decoded 1.024-1.067x faster in three of
 three fleet rounds (docs/performance.md, session 43); GPU-bound steps were not measured."""
@@ -19,7 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
-ORDERS = ("pipelined", "wait", "split")
+ORDERS = ("pipelined", "wait", "split", "thread")
 
 
 def order(value: str | None = None) -> str:

@@ -48,6 +48,8 @@ class Turns:
         trace = self._trace
         try:
             trace.begin()
+            if only is not None or self.admission.waiting:
+                self._settle()  # joiners' stores and merges evaluate on this thread
             self._admit(only)
             if self.admission.closed:
                 self._release_held()
@@ -58,6 +60,7 @@ class Turns:
             trace.mark("admit")
             if not self._decode_only():
                 self._release_held()  # a prefill or a serial row comes before the next step
+                self._settle()
             if self._forks:
                 self._fork_turn()
                 trace.mark("fork")
@@ -70,6 +73,8 @@ class Turns:
                 trace.batches(self._batches, before=False)
                 trace.mark("batch")
             if self.sharing is not None:
+                if self.sharing.store.ssd is not None:
+                    self._settle()  # a demotion reads entries on this thread
                 self.sharing.tick()
                 trace.mark("tick")
             self._busy_s += time.perf_counter() - tic
@@ -189,6 +194,11 @@ class Turns:
         if self._forks or self._serial is not None or not self._batches:
             return False
         return not any(b.gen._unprocessed_sequences for b in self._batches.values())
+
+    def _settle(self) -> None:
+        """Every batch's last step queued by its encoder thread (`--step-order thread`)."""
+        for batch in self._batches.values():
+            batch.settle()
 
     def _release_held(self) -> None:
         if (phases := self.config.phases) is not None:

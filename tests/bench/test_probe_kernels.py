@@ -157,3 +157,38 @@ def test_big_copies_are_placed_in_step_long_spans() -> None:
         ks = sorted(gemm + copies, key=lambda k: k.start)
         (line,) = [x for x in summarize(ks, 4) if "copies" in x]
         assert line.endswith(tail + " step-long spans"), line
+
+
+def test_the_thread_order_steps_the_probe_on_the_encoders_thread() -> None:
+    """probe_kernels' thread order (engine/encoder.py) runs the probe's own steps: the same
+    logprobs, step by step, as the steps evaluated in turn here, and the host's parts timed."""
+    import mlx.core as mx
+
+    from mlxd.bench import probe_kernels
+    from mlxd.bench.models import attention_dims, build_random
+    from mlxd.bench.probe_ops import model_for, step_fn
+
+    bm = build_random("qwen3-host", "bfloat16")
+    _, kv, D, _ = attention_dims("qwen3-host")
+    outs: dict[str, list] = {}
+    for name in ("in turn", "thread"):
+        mx.random.seed(3)  # the same random caches for both
+        step = step_fn(model_for(bm.model, "folded+fused"), 2, 32, kv, D, 16)
+        got: list = []
+
+        def recorded(step=step, got=got):
+            got.append(step())
+            return got[-1]
+
+        recorded.cache = step.cache  # type: ignore[attr-defined]  # its first layers go first
+        if name == "thread":
+            clock = StepClock()
+            assert probe_kernels._threaded(recorded, 4, clock) > 0
+            assert "build" in clock.line() and "wait" in clock.line()
+        else:
+            for _ in range(4):
+                mx.eval(recorded())
+        outs[name] = got
+    assert len(outs["thread"]) == 4
+    pairs = zip(outs["in turn"], outs["thread"], strict=True)
+    assert all(mx.array_equal(a[0], b[0]).item() for a, b in pairs)

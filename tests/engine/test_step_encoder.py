@@ -1,0 +1,160 @@
+"""`--step-order thread` (engine/encoder.py): the batched step read and queued on a thread of its
+own gives mlx-lm's BatchGenerator bits, through rows that leave, a row that joins mid-flight,
+sampled rows and logprob figures; a failure on that thread reaches the engine thread."""
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
+
+from mlxd.engine import encoder as encoder_mod
+from mlxd.engine.batch_row import BatchConfig
+from mlxd.engine.encoder import StepEncoder
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest
+from mlxd.engine.sampling import SamplingParams
+
+TEXTS = ["Hello there my friend", "Tell me a long story about a cat", "x", "one two three four"]
+THREAD = BatchConfig(8, 8, 2048, step_order="thread")
+
+
+@pytest.fixture
+def encodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The thread each encoder job's queue part ran on (encoder.py's `mx.async_eval`)."""
+    names: list[str] = []
+
+    def async_eval(*arrays: Any) -> None:
+        names.append(threading.current_thread().name)
+        mx.async_eval(*arrays)
+
+    fake = SimpleNamespace(**{n: getattr(mx, n) for n in ("eval", "new_thread_unsafe_stream")})
+    fake.async_eval, fake.default_device = async_eval, mx.default_device
+    monkeypatch.setattr(encoder_mod, "mx", fake)
+    return names
+
+
+def _load(tiny_model: Callable[..., Path], arch: str = "qwen3") -> tuple[Any, Any]:
+    from mlx_lm import load
+
+    return load(str(tiny_model(arch)))
+
+
+def test_thread_order_gives_mlx_lms_bits(tiny_model: Callable[..., Path], encodes: list[str]):
+    """Greedy rows together: mlx-lm's BatchGenerator's tokens and logprobs, bit for bit, with
+    all but the first step (queued on the engine thread) queued on the encoder's thread."""
+    model, tok = _load(tiny_model)
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    ref = batch_generator_outputs(model, prompts, 12, eos, [[] for _ in TEXTS])
+    engine = Engine(model, batch_config=THREAD)
+    try:
+        reqs = [
+            GenerationRequest(prompt=mx.array(p), max_tokens=12, stop_token_ids=eos)
+            for p in prompts
+        ]
+        got = [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
+    finally:
+        engine.close()
+    assert_same_outputs(got, ref)
+    assert len(encodes) >= 9 and set(encodes) == {"mlxd-step-encoder"}
+
+
+def _mixed_run(model: Any, tok: Any, config: BatchConfig | None) -> list[list[tuple]]:
+    """Rows of 6-14 tokens (they leave apart), one sampled with a seed, one reading logprob
+    figures, and a fifth joining after the others' 4th token."""
+    eos = frozenset(tok.eos_token_ids)
+    prompts = [tok.encode(t) for t in TEXTS]
+    lengths = [14, 6, 9, 11]
+    params = [
+        SamplingParams(),
+        SamplingParams(temp=0.8, top_k=20),
+        SamplingParams(),
+        SamplingParams(),
+    ]
+    reqs = [
+        GenerationRequest(
+            prompt=mx.array(p),
+            max_tokens=n,
+            stop_token_ids=eos,
+            sampling=s,
+            seed=7 if s.temp else None,
+            logprob=e == 2,
+            top_logprobs=3 if e == 2 else 0,
+        )  # fmt: skip
+        for e, (p, n, s) in enumerate(zip(prompts, lengths, params, strict=True))
+    ]
+    engine = Engine(model, batch_config=config)
+    try:
+        handles = engine.submit_many(reqs)
+        first = iter(handles[0])
+        head = [next(first) for _ in range(4)]
+        late = engine.submit(GenerationRequest(prompt=mx.array(prompts[3]), max_tokens=8))
+        events = [head + list(first)] + [list(h) for h in handles[1:]] + [list(late)]
+        assert all(h.done.reason == "length" for h in [*handles, late])
+    finally:
+        engine.close()
+    return [[(e.token, e.logprobs, e.logprob, e.top_logprobs) for e in row] for row in events]
+
+
+def test_thread_order_through_leaves_a_join_sampling_and_figures(
+    tiny_model: Callable[..., Path], encodes: list[str]
+) -> None:
+    """The same rows in mlxd's default order (mlx-lm's own GenerationBatch step) and in the
+    thread order: the same tokens, logprob arrays and figures at every step."""
+    model, tok = _load(tiny_model)
+    ref = _mixed_run(model, tok, BatchConfig(8, 8, 2048))
+    assert encodes == []  # the default order has no encoder
+    got = _mixed_run(model, tok, THREAD)
+    assert [len(r) for r in got] == [14, 6, 9, 11, 8]
+    for g, r in zip(got, ref, strict=True):
+        assert [(t, p, k) for t, _, p, k in g] == [(t, p, k) for t, _, p, k in r]
+        assert all(
+            mx.array_equal(a, b).item() for (_, a, _, _), (_, b, _, _) in zip(g, r, strict=True)
+        )
+    assert got[2][0][2] is not None and len(got[2][0][3]) == 3  # figures were read
+    assert len(encodes) >= 5  # the steps between joins and leaves
+
+
+def test_a_failed_read_is_the_steps_error_and_a_failed_queue_the_next_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MLX raising on the encoder's thread (as a failed cudaMallocAsync does) reaches the engine
+    thread once: from the read, that step's call; from the queue, the next call."""
+    bad = mx.array([9])
+
+    def checked(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*arrays: Any) -> Any:
+            if any(a is bad for a in arrays):
+                raise RuntimeError("out of memory")
+            return real(*arrays)
+
+        return call
+
+    shared = encoder_mod.stream()  # arrays the encoder's thread can evaluate (a batch's stream)
+    fake = SimpleNamespace(eval=checked(mx.eval), async_eval=checked(mx.async_eval))
+    monkeypatch.setattr(encoder_mod, "mx", fake)
+    enc = StepEncoder()
+    try:
+        ok = mx.array([1, 2])
+        with pytest.raises(RuntimeError, match="out of memory"):
+            enc.step([bad], ok, [])
+        assert enc.step([ok], ok, [bad]) == [1, 2]
+        with pytest.raises(RuntimeError, match="out of memory"):
+            enc.settle()
+        enc.settle()  # raised once; the encoder keeps working
+        with mx.stream(shared):
+            more, twice = ok + 1, ok * 2
+        assert enc.step([ok], more, [twice]) == [2, 3]
+        enc.step([ok], ok, [bad])
+        with pytest.raises(RuntimeError, match="out of memory"):
+            enc.step([ok], ok, [])  # the last queue's error, before this job runs
+        with pytest.raises(RuntimeError, match="no Stream"):  # this thread's own stream
+            enc.step([ok + 1], ok, [])
+    finally:
+        enc.close()
+    assert not enc._thread.is_alive()
