@@ -106,10 +106,11 @@ def engine_group(p: argparse.ArgumentParser) -> None:
         default=None,
         help="when a batched decode step is queued: pipelined (mlx-lm's, a step ahead), wait "
         "(after the last step's tokens are read: every KV write in place), split (its first "
-        "third of layers before that read, the rest after), thread (pipelined, but read and "
-        "queued on a thread of its own while the engine builds the next); the same bits. "
-        "split decoded 32 agents on a 0.6B model 1.024-1.067x faster on an H100, where the step "
-        "is host-bound (default: MLXD_STEP_ORDER, else pipelined)",
+        "third of layers before that read, the rest after), thread (split's read and queueing "
+        "on a thread of its own while the engine builds the next); the same bits. "
+        "On an H100 thread decoded 32 agents 1.055-1.077x faster than split on a 0.6B model and "
+        "1.056x faster than pipelined on an 8B one (default: MLXD_STEP_ORDER, else thread on "
+        "NVIDIA GPUs and pipelined elsewhere)",
     )
     g.add_argument(
         "--join-window",

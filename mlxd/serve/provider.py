@@ -132,7 +132,7 @@ class ModelProvider:
                     a.prefill_batch_tokens, min(a.batch, a.prompt_concurrency), a.prefill_step_size
                 ),
                 phases=step_phases(getattr(a, "switch_interval", None)),
-                step_order=step_order.order(getattr(a, "step_order", None)),
+                step_order=step_order.resolved(getattr(a, "step_order", None)),
                 split_fraction=step_order.split_fraction(),
             ),
             prefix_store=store,

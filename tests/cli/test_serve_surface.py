@@ -192,11 +192,16 @@ def test_join_window_must_be_seconds_between_0_and_10(value: str, capsys) -> Non
 @pytest.mark.parametrize(
     "flags,env,order",
     [([], None, "pipelined"), ([], "split", "split"), (["--step-order", "wait"], "split", "wait"),
-     (["--step-order", "split"], None, "split")],
+     (["--step-order", "split"], None, "split"), (["--step-order", "thread"], "wait", "thread"),
+     ([], "thread", "thread")],
 )  # fmt: skip
 def test_step_order_reaches_the_engine(flags, env, order, tiny_model, tmp_path, monkeypatch):
-    """--step-order (else MLXD_STEP_ORDER, else pipelined) is the engine's batched step order,
-    with MLXD_STEP_SPLIT's share of layers for split."""
+    """--step-order (else MLXD_STEP_ORDER, else the machine's: pipelined on this CPU, thread
+    on CUDA) is the engine's batched step order, with MLXD_STEP_SPLIT's share of layers."""
+    import mlx.core as mx
+
+    if not flags and env is None and mx.cuda.is_available():
+        order = "thread"
     from mlxd.serve.main import make_state
 
     if env is None:
@@ -229,7 +234,7 @@ def test_a_bad_step_order_environment_stops_serve_with_one_line(env, monkeypatch
         serve_cli.run(build_parser().parse_args(["serve", "--switch-interval", "engine"]))
 
 
-def test_step_order_flag_takes_only_the_three_orders(capsys) -> None:
+def test_step_order_flag_takes_only_the_four_orders(capsys) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--step-order", "later"])
     assert "--step-order" in capsys.readouterr().err

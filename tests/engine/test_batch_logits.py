@@ -203,10 +203,12 @@ def test_step_order_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     from mlxd.engine import step_order
 
     monkeypatch.delenv("MLXD_STEP_ORDER", raising=False)
-    assert step_order.order() == "pipelined"
-    assert step_order.order("wait") == "wait"  # the flag's value first
+    assert step_order.order() is None  # neither set: the machine's default
+    assert step_order.resolved() == ("thread" if mx.cuda.is_available() else "pipelined")
+    assert step_order.order("wait") == step_order.resolved("wait") == "wait"  # the flag's first
     monkeypatch.setenv("MLXD_STEP_ORDER", "split")
     assert step_order.order("pipelined") == "pipelined"
+    assert step_order.resolved() == "split"  # the variable before the machine's default
     monkeypatch.setenv("MLXD_STEP_SPLIT", "0.25")
     assert step_order.order() == "split" and step_order.split_fraction() == 0.25
     for bad in ("0", "1.5", "half"):
@@ -214,7 +216,7 @@ def test_step_order_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
         with pytest.raises(ValueError, match="a fraction of the layers"):
             step_order.split_fraction()
     monkeypatch.setenv("MLXD_STEP_ORDER", "later")
-    with pytest.raises(ValueError, match="one of pipelined, wait, split"):
+    with pytest.raises(ValueError, match="one of pipelined, wait, split, thread"):
         step_order.order()
     caches = [KVCache() for _ in range(6)]
     for c in caches:
