@@ -182,6 +182,7 @@ def run(args: argparse.Namespace) -> None:
     try:  # the environment's engine switches, checked before a model loads
         args.step_order = step_order.order(args.step_order)
         step_order.split_fraction()
+        step_order.thread_rows()
         step_phases(args.switch_interval)
     except ValueError as e:
         raise SystemExit(f"mlxd serve: error: {e}") from e

@@ -83,6 +83,7 @@ class BatchedRows:
             self.decode.encoder = StepEncoder()
         split = config.step_order in ("split", "thread")  # thread: its first layers too
         self.decode.split = config.split_fraction if split else 0.0
+        self.decode.thread_rows = config.thread_rows
         self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch

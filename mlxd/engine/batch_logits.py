@@ -61,6 +61,7 @@ class BiasedGenerationBatch(GenerationBatch):
     split = 0.0  # with wait_first, the share of layers queued before that read
     clock: StepClock | None = None  # the host time of the step's parts (MLXD_KERNELS' window)
     encoder: StepEncoder | None = None  # reads and queues the steps on its thread (encoder.py)
+    thread_rows = 16  # the fewest rows whose steps the encoder takes (fewer: pipelined, here)
     _hot = False  # the last step was queued here and the rows have not changed since
     # uid -> (logprob?, top k) when that row asked for logprob figures (its owner's lookup), and
     # the figures of the tokens the last step returned / the ones now computing (by uid: rows
@@ -149,7 +150,8 @@ class BiasedGenerationBatch(GenerationBatch):
             self.phases.waiting()
         if clock is not None:
             clock.mark("build")
-        if self.encoder is not None and self._hot:  # the read and the queue on its thread
+        threaded = self.encoder is not None and len(self.uids) >= self.thread_rows
+        if threaded and self._hot:  # the read and the queue on its thread
             read = [inputs, *self._current_logprobs]
             read += [a for r in self.current_read.values() for a in r.arrays()]
             queue = [self._next_tokens, *self._next_logprobs, *reads]

@@ -66,6 +66,7 @@ class BatchConfig:
     # split (step_order.py; the same bits); split_fraction: split's share of layers queued first.
     step_order: str = "pipelined"
     split_fraction: float = 0.33
+    thread_rows: int = 16  # thread: the fewest rows whose steps go to the encoder's thread
 
 
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:

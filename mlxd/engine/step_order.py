@@ -51,6 +51,16 @@ def split_fraction() -> float:
     return fraction
 
 
+def thread_rows() -> int:
+    """MLXD_THREAD_ROWS (default 16): the fewest rows whose steps the thread order hands to its
+    encoder; smaller batches step in the pipelined order on the engine thread. On an H100 the
+    encoder won at 32 rows on both shapes and lost at 8 (session 44: its extra GIL hand-offs)."""
+    value = os.environ.get("MLXD_THREAD_ROWS", "16")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"MLXD_THREAD_ROWS={value!r}: a row count, 1 or more")
+    return int(value)
+
+
 def first_layers(caches: list[Any], fraction: float) -> list[mx.array]:
     """The KV buffers the first `fraction` of the layers write this step: queuing them queues
     those layers' whole work (and the next layer's projections up to its write)."""

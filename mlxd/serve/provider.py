@@ -134,6 +134,7 @@ class ModelProvider:
                 phases=step_phases(getattr(a, "switch_interval", None)),
                 step_order=step_order.resolved(getattr(a, "step_order", None)),
                 split_fraction=step_order.split_fraction(),
+                thread_rows=step_order.thread_rows(),
             ),
             prefix_store=store,
             namespace=namespace,

@@ -209,6 +209,7 @@ def test_step_order_reaches_the_engine(flags, env, order, tiny_model, tmp_path, 
     else:
         monkeypatch.setenv("MLXD_STEP_ORDER", env)
     monkeypatch.setenv("MLXD_STEP_SPLIT", "0.5")
+    monkeypatch.setenv("MLXD_THREAD_ROWS", "4")
     model = str(tiny_model("qwen3"))
     args = build_parser().parse_args(
         ["serve", "--model", model, "--data-dir", str(tmp_path), *flags]
@@ -216,21 +217,25 @@ def test_step_order_reaches_the_engine(flags, env, order, tiny_model, tmp_path, 
     state = make_state(args)
     try:
         config = state.provider.default.engine.config
-        assert (config.step_order, config.split_fraction) == (order, 0.5)
+        assert (config.step_order, config.split_fraction, config.thread_rows) == (order, 0.5, 4)
     finally:
         state.provider.close()
 
 
 @pytest.mark.parametrize(
-    "env", [("MLXD_STEP_ORDER", "later"), ("MLXD_STEP_SPLIT", "2"), ("MLXD_HELD_WAKE", "yes")]
-)
+    "env",
+    [("MLXD_STEP_ORDER", "later"), ("MLXD_STEP_SPLIT", "2"), ("MLXD_HELD_WAKE", "yes"),
+     ("MLXD_THREAD_ROWS", "0"), ("MLXD_THREAD_ROWS", "many")],
+)  # fmt: skip
 def test_a_bad_step_order_environment_stops_serve_with_one_line(env, monkeypatch) -> None:
     import mlxd.serve.main as serve_main
     from mlxd.cli import serve as serve_cli
 
     monkeypatch.setenv(*env)
     monkeypatch.setattr(serve_main, "serve", lambda a: pytest.fail("served"))
-    with pytest.raises(SystemExit, match="mlxd serve: error: .*(one of|a fraction|0 or 1)"):
+    with pytest.raises(
+        SystemExit, match="mlxd serve: error: .*(one of|a fraction|0 or 1|a row count)"
+    ):
         serve_cli.run(build_parser().parse_args(["serve", "--switch-interval", "engine"]))
 
 

@@ -211,6 +211,14 @@ def test_step_order_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert step_order.resolved() == "split"  # the variable before the machine's default
     monkeypatch.setenv("MLXD_STEP_SPLIT", "0.25")
     assert step_order.order() == "split" and step_order.split_fraction() == 0.25
+    monkeypatch.delenv("MLXD_THREAD_ROWS", raising=False)
+    assert step_order.thread_rows() == 16
+    monkeypatch.setenv("MLXD_THREAD_ROWS", "24")
+    assert step_order.thread_rows() == 24
+    for bad in ("0", "-3", "1.5"):
+        monkeypatch.setenv("MLXD_THREAD_ROWS", bad)
+        with pytest.raises(ValueError, match="a row count"):
+            step_order.thread_rows()
     for bad in ("0", "1.5", "half"):
         monkeypatch.setenv("MLXD_STEP_SPLIT", bad)
         with pytest.raises(ValueError, match="a fraction of the layers"):

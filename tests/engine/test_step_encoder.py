@@ -20,7 +20,7 @@ from mlxd.engine.request import GenerationRequest
 from mlxd.engine.sampling import SamplingParams
 
 TEXTS = ["Hello there my friend", "Tell me a long story about a cat", "x", "one two three four"]
-THREAD = BatchConfig(8, 8, 2048, step_order="thread")
+THREAD = BatchConfig(8, 8, 2048, step_order="thread", thread_rows=1)
 
 
 @pytest.fixture
@@ -118,6 +118,26 @@ def test_thread_order_through_leaves_a_join_sampling_and_figures(
         )
     assert got[2][0][2] is not None and len(got[2][0][3]) == 3  # figures were read
     assert len(encodes) >= 5  # the steps between joins and leaves
+
+
+def test_batches_below_the_thread_rows_step_on_the_engine_thread(
+    tiny_model: Callable[..., Path], encodes: list[str]
+) -> None:
+    """MLXD_THREAD_ROWS' floor: with 3, the five rows' steps go to the encoder until rows leave
+    and fewer than three are left, then run here in mlx-lm's order; the bits are the same as
+    with every step on the engine thread, and a floor above the batch hands it none."""
+    model, tok = _load(tiny_model)
+    ref = _mixed_run(model, tok, BatchConfig(8, 8, 2048))
+    got = _mixed_run(model, tok, BatchConfig(8, 8, 2048, step_order="thread", thread_rows=3))
+    for g, r in zip(got, ref, strict=True):
+        assert [t for t, *_ in g] == [t for t, *_ in r]
+        assert all(mx.array_equal(a, b).item() for (_, a, *_), (_, b, *_) in zip(g, r, strict=True))
+    floor3, _ = len(encodes), encodes.clear()
+    _mixed_run(model, tok, THREAD)  # a floor of 1: every step after a change of rows
+    assert 0 < floor3 < len(encodes)
+    encodes.clear()
+    _mixed_run(model, tok, BatchConfig(8, 8, 2048, step_order="thread", thread_rows=9))
+    assert encodes == []
 
 
 def test_a_failed_read_is_the_steps_error_and_a_failed_queue_the_next_calls(

@@ -30,6 +30,7 @@ def test_thread_order_streams_the_same_chunks(
     jobs: list[int] = []
     real = encoder.StepEncoder.step
     monkeypatch.setattr(encoder.StepEncoder, "step", lambda s, *a: (jobs.append(1), real(s, *a))[1])
+    monkeypatch.setenv("MLXD_THREAD_ROWS", "2")  # six streams: the encoder takes their steps
     plain = make_server(batch=8)
     want = _two_rounds(plain.v1)  # type: ignore[attr-defined]
     plain.stop()  # type: ignore[attr-defined]
@@ -46,10 +47,11 @@ def test_thread_order_streams_the_same_chunks(
 
 
 def test_a_row_failing_mid_stream_ends_alone_and_the_server_goes_on(
-    make_server: Callable[..., object], rows_fail_mid_stream, interval
+    make_server: Callable[..., object], rows_fail_mid_stream, interval, monkeypatch
 ) -> None:
     from openai import OpenAI
 
+    monkeypatch.setenv("MLXD_THREAD_ROWS", "1")
     live = make_server(batch=8, step_order="thread")
     client = OpenAI(base_url=live.v1, api_key="x")  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="boom in the row"):
