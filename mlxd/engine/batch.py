@@ -5,6 +5,7 @@ Rows admitted together get exactly BatchGenerator's tokens at that composition; 
 decides who joins and when, and maps its responses back to the rows' handles.
 """
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ from .prompt_waves import wave_size
 from .request import DoneEvent, TokenEvent
 from .rng import current_key, repair_key
 from .shared_rows import SharedPrefixes
+
+log = logging.getLogger("mlxd.engine")
 
 
 def _wants(rows: dict[int, BatchedRow]) -> Callable[[int], tuple[bool, int] | None]:
@@ -238,6 +241,8 @@ class BatchedRows:
             self.decode.encoder = None
             try:
                 encoder.settle()
+            except Exception:  # noqa: BLE001 - a step queued past the rows' last tokens
+                log.exception("the batch's last queued step failed; no row reads it")
             finally:
                 encoder.close()
 

@@ -178,3 +178,25 @@ def test_a_failed_read_is_the_steps_error_and_a_failed_queue_the_next_calls(
     finally:
         enc.close()
     assert not enc._thread.is_alive()
+
+
+def test_a_closing_batch_logs_its_last_steps_failure(monkeypatch, caplog) -> None:
+    """A batch closes once its rows are done; a failure of the step queued past their last
+    tokens is logged, not raised into the engine's turn, and the encoder's thread ends."""
+    from mlxd.engine.batch import BatchedRows
+
+    bad = mx.array([9])
+
+    def async_eval(*arrays: Any) -> None:
+        if any(a is bad for a in arrays):
+            raise RuntimeError("out of memory")
+        mx.async_eval(*arrays)
+
+    monkeypatch.setattr(encoder_mod, "mx", SimpleNamespace(eval=mx.eval, async_eval=async_eval))
+    enc = StepEncoder()
+    ok = mx.array([1, 2])
+    assert enc.step([ok], ok, [bad]) == [1, 2]
+    batch = SimpleNamespace(decode=SimpleNamespace(encoder=enc))
+    BatchedRows._stop_encoder(batch)  # type: ignore[arg-type]
+    assert batch.decode.encoder is None and not enc._thread.is_alive()
+    assert "no row reads it" in caplog.text
