@@ -31,8 +31,8 @@ def stream() -> Any:
 
 
 class StepEncoder:
-    """One thread that, per job, reads the last step's tokens, hands them over, then encodes
-    the next step."""
+    """One thread that, per job, queues the next step's first layers, reads the last step's
+    tokens, hands them over, then queues the rest of the next step."""
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
