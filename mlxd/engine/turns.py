@@ -158,6 +158,9 @@ class Turns:
         events = []
         for fmt in list(self._batches):
             batch = self._batches[fmt]
+            for other in self._batches.values():
+                if other is not batch:  # their encoders share the stream (encoder.py)
+                    other.settle()
             events += self._batch_turn(batch)
             if fmt is None and len(batch):
                 joiners = crossing(batch, events)

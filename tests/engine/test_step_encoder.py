@@ -2,7 +2,9 @@
 own gives mlx-lm's BatchGenerator bits, through rows that leave, a row that joins mid-flight,
 sampled rows and logprob figures; a failure on that thread reaches the engine thread."""
 
+import itertools
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -138,6 +140,50 @@ def test_batches_below_the_thread_rows_step_on_the_engine_thread(
     encodes.clear()
     _mixed_run(model, tok, BatchConfig(8, 8, 2048, step_order="thread", thread_rows=9))
     assert encodes == []
+
+
+def test_two_batches_encode_one_at_a_time_with_mlx_lms_bits(
+    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows on quantized KV run in a batch of their own beside the plain rows' (crossing.py):
+    both batches' encoders queue on the one stream, never at the same time, and every row gets
+    the tokens and logprobs of the default order."""
+    spans: list[tuple[float, float, int]] = []
+
+    def async_eval(*arrays: Any) -> None:
+        t0 = time.perf_counter()
+        mx.async_eval(*arrays)
+        spans.append((t0, time.perf_counter(), threading.get_ident()))
+
+    model, tok = _load(tiny_model)
+    eos = frozenset(tok.eos_token_ids)
+    kv = dict(kv_bits=4, kv_group_size=32, quantized_kv_start=4)
+
+    def run(config: BatchConfig | None) -> list[list[tuple[int, Any]]]:
+        reqs = [
+            GenerationRequest(
+                prompt=mx.array(tok.encode(t)),
+                max_tokens=10,
+                stop_token_ids=eos,
+                **(kv if e % 2 else {}),
+            )  # fmt: skip
+            for e, t in enumerate(TEXTS)
+        ]
+        engine = Engine(model, batch_config=config)
+        try:
+            return [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
+        finally:
+            engine.close()
+
+    ref = run(BatchConfig(8, 8, 2048))
+    encoder_mod.stream()  # made before the stand-in below replaces mx
+    fake = SimpleNamespace(eval=mx.eval, async_eval=async_eval)
+    monkeypatch.setattr(encoder_mod, "mx", fake)
+    got = run(THREAD)
+    assert_same_outputs(got, ref)
+    assert len({t for *_, t in spans}) >= 2  # two encoders took steps
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # one at a time
 
 
 def test_a_failed_read_is_the_steps_error_and_a_failed_queue_the_next_calls(
