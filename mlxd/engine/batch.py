@@ -83,7 +83,7 @@ class BatchedRows:
         self.decode.clock = config.clock
         self.decode.wait_first = config.step_order in ("wait", "split")  # step_order.py
         if config.step_order == "thread":
-            self.decode.encoder = StepEncoder()
+            self.decode.encoder = StepEncoder(config.clock)
         split = config.step_order in ("split", "thread")  # thread: its first layers too
         self.decode.split = config.split_fraction if split else 0.0
         self.decode.thread_rows = config.thread_rows

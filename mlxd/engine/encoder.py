@@ -34,7 +34,8 @@ class StepEncoder:
     """One thread that, per job, queues the next step's first layers, reads the last step's
     tokens, hands them over, then queues the rest of the next step."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Any = None) -> None:
+        self.clock = clock  # a StepClock: this thread's parts as `enc ...` (step_clock.py)
         self._cv = threading.Condition()
         self._job: tuple[Any, ...] | None = None  # (first, read, tokens, queue)
         self._tokens: list[int] | None = None
@@ -94,10 +95,15 @@ class StepEncoder:
                 if self._job is None:
                     return
                 (first, read, tokens, queue), self._job = self._job, None
+            clock = self.clock
+            if clock is not None:
+                clock.begin()
             try:
                 if first:
                     mx.async_eval(*first)
+                    _mark(clock, "enc first")
                 mx.eval(*read)
+                _mark(clock, "enc read")
                 out = tokens.tolist()
             except BaseException as e:  # noqa: BLE001 - the engine thread ends the rows
                 with self._cv:
@@ -107,11 +113,19 @@ class StepEncoder:
             with self._cv:
                 self._tokens = out
                 self._cv.notify_all()
+            _mark(clock, "enc hand")
             try:
                 mx.async_eval(*queue)
+                _mark(clock, "enc rest")
             except BaseException as e:  # noqa: BLE001
                 with self._cv:
                     self._late = e
             with self._cv:
                 self._busy = False
                 self._cv.notify_all()
+
+
+def _mark(clock: Any, part: str) -> None:
+    """Each part's time includes taking the GIL back after MLX released it."""
+    if clock is not None:
+        clock.mark(part)

@@ -90,7 +90,7 @@ class KernelWindow(NoWindow):
             f"{self.start}-th, step order {self.order}: "
             f"host wall {wall_ms:.3f} ms a turn",
             f"  {self.clock.line()}; the rest of a turn (the engine's, mlx-lm's own work) "
-            f"{wall_ms - sum(self.clock.sums.values()) * 1e3 / max(self.clock.steps, 1):.3f}",
+            f"{wall_ms - self.clock.engine_ms():.3f}",
         ]
         try:
             lines += self._summary(max(self._turns, 1))

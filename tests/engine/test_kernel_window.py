@@ -156,6 +156,52 @@ def test_step_clock_sums_parts_per_step(monkeypatch) -> None:
     assert c.line() == "host ms a step (0 steps): no batched step"
 
 
+def test_the_thread_orders_encoder_marks_its_own_parts(tiny_model, monkeypatch, tmp_path) -> None:
+    """With `--step-order thread` the window's clock also holds the encoder's parts (`enc
+    ...`, marked on its thread), and the tokens are those of the engine without the window."""
+    from mlx_lm import load
+
+    from mlxd.engine.batch_row import BatchConfig
+    from mlxd.engine.engine import Engine
+
+    model = load(str(tiny_model("qwen3")))[0]
+    monkeypatch.delenv("MLXD_KERNELS", raising=False)
+    plain = _two_rows(Engine(model, batch=4))
+    monkeypatch.setattr("mlxd.engine.kernel_window._cupti", FakeProfiler)
+    monkeypatch.setenv("MLXD_KERNELS", str(tmp_path / "k.txt"))
+    monkeypatch.setenv("MLXD_KERNELS_AT", "2 1 3")
+    config = BatchConfig(4, 4, 2048, step_order="thread", thread_rows=1)
+    assert _two_rows(Engine(model, batch=4, batch_config=config)) == plain
+    text = (tmp_path / "k.txt").read_text()
+    assert "step order thread" in text and "build " in text
+    # marked before the tokens are handed over, so before the window's last turn ends
+    assert "enc first " in text and "enc read " in text
+
+
+def test_step_clock_keeps_each_threads_marks_apart(monkeypatch) -> None:
+    """The encoder's thread marks between the engine's start and its next mark: each thread's
+    part runs from its own last mark, and the turn's sum leaves the encoder's out."""
+    import threading
+
+    from mlxd.engine import step_clock
+
+    now = iter([0.0, 0.010, 0.012, 0.003])
+    monkeypatch.setattr(step_clock.time, "perf_counter", lambda: next(now))
+    c = step_clock.StepClock()
+    c.start()  # the engine thread: 0.0
+
+    def encoder() -> None:
+        c.begin()  # 0.010
+        c.mark("enc first")  # 0.012
+
+    t = threading.Thread(target=encoder)
+    t.start()
+    t.join()
+    c.mark("build")  # 0.003, from the engine thread's own 0.0
+    assert c.line() == "host ms a step (1 steps): enc first 2.000, build 3.000"
+    assert c.engine_ms() == pytest.approx(3.0)
+
+
 def test_a_failing_window_closes_itself_and_never_raises_into_the_turn(tmp_path: Path) -> None:
     """The window runs inside the engine's turn, whose handler ends every running row: a
     profiler that fails to start, or a FILE that cannot be written, only closes the window."""
