@@ -115,7 +115,9 @@ def _two_rows(engine) -> list[list[int]]:
     return [a, b]
 
 
-def test_the_engine_reports_its_rows_and_times_its_steps(tiny_model, monkeypatch, tmp_path) -> None:
+def _windowed(tiny_model, monkeypatch, tmp_path, order: str, **kw):
+    """The two rows' tokens without the window, and an engine of `order` with a window over
+    its 1st to 3rd turns of >= 2 rows (a stand-in profiler)."""
     from mlx_lm import load
 
     from mlxd.engine.batch_row import BatchConfig
@@ -127,7 +129,12 @@ def test_the_engine_reports_its_rows_and_times_its_steps(tiny_model, monkeypatch
     monkeypatch.setattr("mlxd.engine.kernel_window._cupti", FakeProfiler)
     monkeypatch.setenv("MLXD_KERNELS", str(tmp_path / "k.txt"))
     monkeypatch.setenv("MLXD_KERNELS_AT", "2 1 3")
-    engine = Engine(model, batch=4, batch_config=BatchConfig(4, 4, 2048, step_order="split"))
+    config = BatchConfig(4, 4, 2048, step_order=order, **kw)
+    return plain, Engine(model, batch=4, batch_config=config)
+
+
+def test_the_engine_reports_its_rows_and_times_its_steps(tiny_model, monkeypatch, tmp_path) -> None:
+    plain, engine = _windowed(tiny_model, monkeypatch, tmp_path, "split")
     window = engine._kernels
     assert isinstance(window, KernelWindow) and engine.config.clock is window.clock
     seen: list[int] = []
@@ -159,19 +166,8 @@ def test_step_clock_sums_parts_per_step(monkeypatch) -> None:
 def test_the_thread_orders_encoder_marks_its_own_parts(tiny_model, monkeypatch, tmp_path) -> None:
     """With `--step-order thread` the window's clock also holds the encoder's parts (`enc
     ...`, marked on its thread), and the tokens are those of the engine without the window."""
-    from mlx_lm import load
-
-    from mlxd.engine.batch_row import BatchConfig
-    from mlxd.engine.engine import Engine
-
-    model = load(str(tiny_model("qwen3")))[0]
-    monkeypatch.delenv("MLXD_KERNELS", raising=False)
-    plain = _two_rows(Engine(model, batch=4))
-    monkeypatch.setattr("mlxd.engine.kernel_window._cupti", FakeProfiler)
-    monkeypatch.setenv("MLXD_KERNELS", str(tmp_path / "k.txt"))
-    monkeypatch.setenv("MLXD_KERNELS_AT", "2 1 3")
-    config = BatchConfig(4, 4, 2048, step_order="thread", thread_rows=1)
-    assert _two_rows(Engine(model, batch=4, batch_config=config)) == plain
+    plain, engine = _windowed(tiny_model, monkeypatch, tmp_path, "thread", thread_rows=1)
+    assert _two_rows(engine) == plain
     text = (tmp_path / "k.txt").read_text()
     assert "step order thread" in text and "build " in text
     # marked before the tokens are handed over, so before the window's last turn ends
