@@ -3,7 +3,7 @@
 # in the same process, on the GPU). Carry .whlT too (pytest wheels, bench/h200/README.md).
 set -uo pipefail
 source bench/h200/setup.sh
-python3 -c "import pytest" 2>/dev/null || {
+python3 -c "import pytest, openai" 2>/dev/null || {
   python3 -m pip install -q --no-index --no-deps --target /tmp/sitet .whlT/*.whl || exit 1
   export PYTHONPATH=$PYTHONPATH:/tmp/sitet
 }
