@@ -205,9 +205,10 @@ class BatchedRows:
         if self.gen._unprocessed_sequences:
             self.gen.prefill_batch_size = wave_size(self.gen, *self.wave)
         prompt_responses, responses = self.gen.next()
-        if prompt_responses or parts.start() is not None:
+        tic = parts.start()  # None unless a trace times the parts
+        if prompt_responses or tic is not None:
             self.decode.settle()  # snapshots and the trace's syncs evaluate here
-        if (tic := parts.start()) is not None and any(r.finish_reason for r in responses):
+        if tic is not None and any(r.finish_reason for r in responses):
             self._leave_parts(tic)
         if self.sharing is not None:
             self._snapshots(prompt_responses)

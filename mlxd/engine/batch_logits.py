@@ -61,7 +61,7 @@ class BiasedGenerationBatch(GenerationBatch):
     split = 0.0  # with wait_first, the share of layers queued before that read
     clock: StepClock | None = None  # the host time of the step's parts (MLXD_KERNELS' window)
     encoder: StepEncoder | None = None  # reads and queues the steps on its thread (encoder.py)
-    thread_rows = 16  # the fewest rows whose steps the encoder takes (fewer: pipelined, here)
+    thread_rows = step_order.THREAD_ROWS  # the encoder's floor (fewer rows: pipelined, here)
     _hot = False  # the last step was queued here and the rows have not changed since
     # uid -> (logprob?, top k) when that row asked for logprob figures (its owner's lookup), and
     # the figures of the tokens the last step returned / the ones now computing (by uid: rows

@@ -13,6 +13,7 @@ from .prefix import Plan
 from .request import GenerationRequest
 from .sampling import Key, KeyedSampler
 from .step_clock import StepClock
+from .step_order import THREAD_ROWS
 
 
 @dataclass
@@ -66,7 +67,7 @@ class BatchConfig:
     # split (step_order.py; the same bits); split_fraction: split's share of layers queued first.
     step_order: str = "pipelined"
     split_fraction: float = 0.33
-    thread_rows: int = 16  # thread: the fewest rows whose steps go to the encoder's thread
+    thread_rows: int = THREAD_ROWS  # thread: the fewest rows whose steps go to the encoder
 
 
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:

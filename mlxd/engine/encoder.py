@@ -105,7 +105,8 @@ class StepEncoder:
                 mx.eval(*read)
                 _mark(clock, "enc read")
                 out = tokens.tolist()
-            except BaseException as e:  # noqa: BLE001 - the engine thread ends the rows
+            except BaseException as e:  # noqa: BLE001 - anything: the engine must not wait forever
+                # the engine thread raises it and ends the rows
                 with self._cv:
                     self._error, self._busy = e, False
                     self._cv.notify_all()
@@ -117,7 +118,7 @@ class StepEncoder:
             try:
                 mx.async_eval(*queue)
                 _mark(clock, "enc rest")
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:  # noqa: BLE001 - as above; raised at the next call
                 with self._cv:
                     self._late = e
             with self._cv:

@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 ORDERS = ("pipelined", "wait", "split", "thread")
+THREAD_ROWS = 16  # the thread order's floor by default (thread_rows below)
 
 
 def order(value: str | None = None) -> str | None:
@@ -55,7 +56,7 @@ def thread_rows() -> int:
     """MLXD_THREAD_ROWS (default 16): the fewest rows whose steps the thread order hands to its
     encoder; smaller batches step in the pipelined order on the engine thread. On an H100 the
     encoder won at 32 rows on both shapes and lost at 8 (session 44: its extra GIL hand-offs)."""
-    value = os.environ.get("MLXD_THREAD_ROWS", "16")
+    value = os.environ.get("MLXD_THREAD_ROWS", str(THREAD_ROWS))
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"MLXD_THREAD_ROWS={value!r}: a row count, 1 or more")
     return int(value)
