@@ -10,11 +10,16 @@ restored caches, the right-padded prefill forward and its eval, `mx.clear_cache(
 (insert_segments + next) end to end, with mlx-lm's row caches and with mlxd's (kv/batch_roll.py).
 `prefill_row_by_row` prefills the same new tokens one row at a time over unpadded caches (causal
 attention, no mask array, no roll): what a join would cost without the padded batch.
+`--kernels` (device only: PyTorch's CUPTI, as probe_kernels) lists the last repeat's merge,
+prefill, roll and first step kernel by kernel.
 """
 
 import argparse
+import contextlib
 import random
 import time
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, _merge_caches, _right_pad_prompts
@@ -24,6 +29,7 @@ from ..kv.batch_quantized import mergeable
 from ..kv.batch_roll import roll_rows
 from ..model.folded_attention import for_mode
 from .models import SHAPES, build_random
+from .probe_kernels import exported, summarize
 
 
 def _ms(t0: float) -> float:
@@ -39,25 +45,36 @@ def _restored(model, n: int, rng: random.Random) -> list:
     return cache
 
 
-def join_once(model, rows: int, cached: int, new: int, jitter: int, seed: int) -> dict[str, float]:
+Watch = Callable[[str], contextlib.AbstractContextManager[Any]]
+
+
+def _unwatched(part: str) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+def join_once(
+    model, rows: int, cached: int, new: int, jitter: int, seed: int, watch: Watch = _unwatched
+) -> dict[str, float]:
     rng = random.Random(seed)
     lens = [cached + (i * jitter) % 13 for i in range(rows)]
     feeds = [[rng.randrange(10, 1000) for _ in range(new + (i * jitter) % 11)] for i in range(rows)]
     out: dict[str, float] = {}
     caches = [_restored(model, n, rng) for n in lens]
-    t = time.perf_counter()
-    batch = _merge_caches(caches)
-    mx.eval([c.state for c in batch])
-    out["merge"] = _ms(t)
+    with watch("merge"):
+        t = time.perf_counter()
+        batch = _merge_caches(caches)
+        mx.eval([c.state for c in batch])
+        out["merge"] = _ms(t)
     lengths = [len(f) for f in feeds]
     longest = max(lengths)
-    t = time.perf_counter()
-    tokens = _right_pad_prompts(feeds, max_length=longest)
-    for c in batch:
-        c.prepare(lengths=lengths, right_padding=[longest - n for n in lengths])
-    model(tokens, cache=batch)
-    mx.eval([c.state for c in batch])
-    out["prefill"] = _ms(t)
+    with watch("prefill"):
+        t = time.perf_counter()
+        tokens = _right_pad_prompts(feeds, max_length=longest)
+        for c in batch:
+            c.prepare(lengths=lengths, right_padding=[longest - n for n in lengths])
+        model(tokens, cache=batch)
+        mx.eval([c.state for c in batch])
+        out["prefill"] = _ms(t)
     t = time.perf_counter()
     mx.clear_cache()
     out["clear_cache"] = _ms(t)
@@ -69,19 +86,21 @@ def join_once(model, rows: int, cached: int, new: int, jitter: int, seed: int) -
     mx.eval([c.state for c in batch])
     out["finalize"] = _ms(t)
     if shifts is not None:  # mlxd's roll (kv/batch_roll.py) on the same arrays, checked equal
-        t = time.perf_counter()
-        rolled = [(roll_rows(k, shifts), roll_rows(v, shifts)) for k, v in before]
-        mx.eval(rolled)
-        out["finalize_by_slices"] = _ms(t)
+        with watch("roll"):
+            t = time.perf_counter()
+            rolled = [(roll_rows(k, shifts), roll_rows(v, shifts)) for k, v in before]
+            mx.eval(rolled)
+            out["finalize_by_slices"] = _ms(t)
         same = all(
             mx.array_equal(a, c.keys).item() and mx.array_equal(b, c.values).item()
             for (a, b), c in zip(rolled, batch, strict=True)
         )
         out["finalize_by_slices_equal"] = float(same)
         del before, rolled
-    t = time.perf_counter()
-    mx.eval(model(mx.array([[1]] * rows), cache=batch))
-    out["decode_step"] = _ms(t)
+    with watch("decode_step"):
+        t = time.perf_counter()
+        mx.eval(model(mx.array([[1]] * rows), cache=batch))
+        out["decode_step"] = _ms(t)
     # The same new tokens prefilled row by row, each over its own unpadded cache: no array
     # mask (the causal kernels), no roll; other kernels than the padded batch, so other bits.
     caches = [_restored(model, n, rng) for n in lens]
@@ -117,15 +136,36 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cached", type=int, default=3660, help="restored tokens per row")
     p.add_argument("--new", type=int, default=300, help="new tokens per row")
     p.add_argument("--attention", default="mlx", help="a --batched-attention mode's model")
+    p.add_argument("--kernels", action="store_true", help="the last repeat's parts' kernels")
+    p.add_argument("--top", type=int, default=12, help="with --kernels: kernels listed a part")
     args = p.parse_args(argv)
     model = for_mode(build_random(args.shape, "bfloat16", 0).model, args.attention)
+    seen: dict[str, list] = {}
     for rep, jitter in enumerate([3, 7, 7]):
-        parts = join_once(model, args.rows, args.cached, args.new, jitter, seed=jitter)
+        watch = _profiled(seen) if args.kernels and rep == 2 else _unwatched
+        parts = join_once(model, args.rows, args.cached, args.new, jitter, jitter, watch)
         line = " | ".join(
             f"{k} {bool(v)}" if k.endswith("_equal") else f"{k} {v:.1f} ms"
             for k, v in parts.items()
         )
         print(f"repeat {rep}: {line}", flush=True)
+    for part, ks in seen.items():  # probe_kernels' summary, the part as one "step"
+        print(f"== kernels, repeat 2, {part}", flush=True)
+        print("\n".join(summarize(ks, 1, args.top)), flush=True)
+
+
+def _profiled(seen: dict[str, list]) -> Watch:
+    """A watch that records each part's kernels under torch.profiler into `seen`."""
+
+    @contextlib.contextmanager
+    def watch(part: str):
+        import torch.profiler as tp
+
+        with tp.profile(activities=[tp.ProfilerActivity.CUDA]) as prof:
+            yield
+        seen[part] = exported(prof)
+
+    return watch
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def profile(
         wall = (
             _threaded(step, steps, clock) if order == "thread" else _run(step, steps, clock, order)
         )
-    return _exported(prof), wall, clock
+    return exported(prof), wall, clock
 
 
 def _run(step: Any, steps: int, clock: StepClock, order: str, enc: Any = None) -> float:
@@ -195,7 +195,7 @@ def _threaded(step: Any, steps: int, clock: StepClock) -> float:
         enc.close()
 
 
-def _exported(prof: Any) -> list[Kernel]:
+def exported(prof: Any) -> list[Kernel]:
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
     with open(path) as f:

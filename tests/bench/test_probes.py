@@ -56,6 +56,25 @@ def test_probe_join_times_every_part_three_times(capsys, attention: str) -> None
         assert "finalize_by_slices_equal True" in line  # mlxd's roll left mlx-lm's arrays
 
 
+def test_probe_join_watches_each_timed_part_in_order() -> None:
+    """--kernels profiles these parts on the device; here a recording watch sees them."""
+    import contextlib
+
+    from mlxd.bench.models import build_random
+
+    seen: list[str] = []
+
+    @contextlib.contextmanager
+    def watch(part: str):
+        seen.append(part)
+        yield
+
+    model = build_random("qwen3-host", "bfloat16", 0).model
+    parts = probe_join.join_once(model, 3, 40, 8, 3, 3, watch)
+    assert seen == ["merge", "prefill", "roll", "decode_step"]
+    assert {"merge", "prefill", "finalize_by_slices", "decode_step"} <= set(parts)
+
+
 def test_probe_matmul_prints_each_shape_and_whole_steps(capsys) -> None:
     probe_matmul.main(["--shape", "qwen3-host", "--rows", "1", "2", "--contexts", "64"])
     lines = capsys.readouterr().out.splitlines()
