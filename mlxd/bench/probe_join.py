@@ -10,6 +10,8 @@ restored caches, the right-padded prefill forward and its eval, `mx.clear_cache(
 (insert_segments + next) end to end, with mlx-lm's row caches and with mlxd's (kv/batch_roll.py).
 `prefill_row_by_row` prefills the same new tokens one row at a time over unpadded caches (causal
 attention, no mask array, no roll): what a join would cost without the padded batch.
+`--caches mlxd` (default) times the merge, prefill and roll over mlxd's row caches (its roll:
+one kernel on CUDA; its prefill mask additive where MLX-CUDA takes one), `mlx` over mlx-lm's.
 `--kernels` (device only: PyTorch's CUPTI, as probe_kernels) lists the last repeat's merge,
 prefill, roll and first step kernel by kernel.
 """
@@ -25,6 +27,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, _merge_caches, _right_pad_prompts
 from mlx_lm.models.cache import make_prompt_cache
 
+from ..kv.additive_mask import takes_additive
 from ..kv.batch_quantized import mergeable
 from ..kv.batch_roll import roll_rows
 from ..model.folded_attention import for_mode
@@ -53,8 +56,11 @@ def _unwatched(part: str) -> contextlib.AbstractContextManager[Any]:
 
 
 def join_once(
-    model, rows: int, cached: int, new: int, jitter: int, seed: int, watch: Watch = _unwatched
-) -> dict[str, float]:
+    model, rows: int, cached: int, new: int, jitter: int, seed: int, watch: Watch = _unwatched,
+    ours: bool = False,
+) -> dict[str, float]:  # fmt: skip
+    """One join's parts; `ours`: the merge, prefill and roll over mlxd's row caches (its roll,
+    and its prefill mask additive where MLX-CUDA takes one: kv/batch_roll.py), not mlx-lm's."""
     rng = random.Random(seed)
     lens = [cached + (i * jitter) % 13 for i in range(rows)]
     feeds = [[rng.randrange(10, 1000) for _ in range(new + (i * jitter) % 11)] for i in range(rows)]
@@ -118,7 +124,7 @@ def join_once(
     gen.next()
     out["batch_generator"] = _ms(t)
     gen.close()
-    caches = [mergeable(_restored(model, n, rng)) for n in lens]  # as mlxd hands them over
+    caches = [mergeable(_restored(model, n, rng), takes_additive(model)) for n in lens]  # mlxd's
     gen = BatchGenerator(model, completion_batch_size=max(rows, 8), prefill_batch_size=rows)
     mx.synchronize()
     t = time.perf_counter()
@@ -136,6 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cached", type=int, default=3660, help="restored tokens per row")
     p.add_argument("--new", type=int, default=300, help="new tokens per row")
     p.add_argument("--attention", default="mlx", help="a --batched-attention mode's model")
+    p.add_argument(
+        "--caches", choices=["mlx", "mlxd"], default="mlxd",
+        help="the timed parts over mlx-lm's row caches or mlxd's (its roll and prefill mask)",
+    )  # fmt: skip
     p.add_argument("--kernels", action="store_true", help="the last repeat's parts' kernels")
     p.add_argument("--top", type=int, default=12, help="with --kernels: kernels listed a part")
     args = p.parse_args(argv)
@@ -143,7 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     seen: dict[str, list] = {}
     for rep, jitter in enumerate([3, 7, 7]):
         watch = _profiled(seen) if args.kernels and rep == 2 else _unwatched
-        parts = join_once(model, args.rows, args.cached, args.new, jitter, jitter, watch)
+        parts = join_once(
+            model, args.rows, args.cached, args.new, jitter, jitter, watch, args.caches == "mlxd"
+        )
         line = " | ".join(
             f"{k} {bool(v)}" if k.endswith("_equal") else f"{k} {v:.1f} ms"
             for k, v in parts.items()

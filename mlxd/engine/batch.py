@@ -13,6 +13,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
+from ..kv.additive_mask import takes_additive
 from ..kv.batch_quantized import mergeable
 from ..model.folded_attention import for_mode, is_shared
 from ..store.layers import clone
@@ -87,6 +88,7 @@ class BatchedRows:
         split = config.step_order in ("split", "thread")  # thread: its first layers too
         self.decode.split = config.split_fraction if split else 0.0
         self.decode.thread_rows = config.thread_rows
+        self.additive_mask = config.additive_mask and takes_additive(model)  # its prefill mask
         self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
@@ -109,7 +111,10 @@ class BatchedRows:
         # A fresh row gets the cache BatchGenerator would make, as mergeable layers.
         gen = self.gen
         caches = [
-            mergeable(c if c is not None else make_prompt_cache(gen.model, gen.max_kv_size))
+            mergeable(
+                c if c is not None else make_prompt_cache(gen.model, gen.max_kv_size),
+                self.additive_mask,
+            )
             for c in caches or [None] * len(rows)
         ]
         uids = self.gen.insert_segments(

@@ -68,6 +68,9 @@ class BatchConfig:
     step_order: str = "pipelined"
     split_fraction: float = 0.33
     thread_rows: int = THREAD_ROWS  # thread: the fewest rows whose steps go to the encoder
+    # A batched prefill's mask handed to MLX-CUDA's cuDNN attention already additive, for the
+    # models that take it so (kv/additive_mask.py; the same bits, without MLX's full-size copy).
+    additive_mask: bool = True
 
 
 def batchable(req: GenerationRequest, config: BatchConfig) -> str | None:

@@ -238,17 +238,17 @@ class RowQuantizedKVCache(QuantizedKVCache):
         return BatchQuantizedKVCache.merge(caches)
 
 
-def mergeable(cache: list[Any]) -> list[Any]:
+def mergeable(cache: list[Any], additive_mask: bool = False) -> list[Any]:
     """A row's cache list with its QuantizedKVCache layers as RowQuantizedKVCache (so mlx-lm's
-    `_merge_caches` can batch them) and its KVCache layers as RowKVCache (kv/batch_roll.py),
-    holding the same arrays, not copies."""
+    `_merge_caches` can batch them) and its KVCache layers as RowKVCache (kv/batch_roll.py,
+    with `additive_mask`), holding the same arrays, not copies."""
     out = []
     for c in cache:
         if type(c) is QuantizedKVCache:
             row = RowQuantizedKVCache(group_size=c.group_size, bits=c.bits)
             row.keys, row.values, row.offset = c.keys, c.values, c.offset
             c = row
-        out.append(rolling(c))
+        out.append(rolling(c, additive_mask))
     return out
 
 

@@ -24,7 +24,7 @@ from ..engine.batch import BatchConfig
 from ..engine.batch_prompt import clears_cache
 from ..engine.gil import step_phases
 from ..engine.prompt_waves import wave_budget
-from ..kv import mixed
+from ..kv import additive_mask, mixed
 from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
 from ..model.default import DEFAULT_MODEL_NAME
@@ -135,6 +135,7 @@ class ModelProvider:
                 step_order=step_order.resolved(getattr(a, "step_order", None)),
                 split_fraction=step_order.split_fraction(),
                 thread_rows=step_order.thread_rows(),
+                additive_mask=additive_mask.enabled(),
             ),
             prefix_store=store,
             namespace=namespace,

@@ -6,6 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll
 
+from mlxd.kv import roll_kernel
 from mlxd.kv.batch_roll import RollingBatchKVCache, RowKVCache, roll_rows, rolling
 
 H, D = 2, 8
@@ -22,6 +23,24 @@ def test_roll_rows_equals_dynamic_roll(shifts: list[int]) -> None:
     x = mx.random.normal((3, H, 12, D), key=mx.random.key(3))
     want = dynamic_roll(x, mx.array(shifts)[:, None], axis=2)
     assert mx.array_equal(roll_rows(x, shifts), want).item()
+
+
+@pytest.mark.skipif(not mx.cuda.is_available(), reason="MLX-CUDA's kernel (cuda_tests.sh)")
+@pytest.mark.parametrize("dtype,d", [(mx.bfloat16, 128), (mx.bfloat16, 6), (mx.float32, 64)])
+def test_the_cuda_roll_kernel_leaves_the_slices_values(
+    monkeypatch: pytest.MonkeyPatch, dtype: mx.Dtype, d: int
+) -> None:
+    """One launch (uint4 moves where a token's row is 16-byte whole, else elements) against
+    the slices, bit for bit, shifts past the length and negative ones included."""
+    x = mx.random.normal((5, 3, 37, d), key=mx.random.key(4)).astype(dtype)
+    shifts = [0, 1, 36, 40, -3]
+    assert roll_kernel.available(x)
+    got = roll_rows(x, shifts)
+    monkeypatch.setenv("MLXD_ROLL", "slices")
+    assert not roll_kernel.available(x)
+    want = roll_rows(x, shifts)
+    assert mx.array_equal(got, want).item()
+    assert mx.array_equal(want, dynamic_roll(x, mx.array(shifts)[:, None], axis=2)).item()
 
 
 def _row(n: int, key: int, cls: type) -> KVCache:
