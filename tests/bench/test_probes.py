@@ -3,6 +3,7 @@ MLX's masked attention is the fallback formula, so folded attention must report 
 
 import os
 import re
+from typing import Any
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_probe_join_watches_each_timed_part_in_order() -> None:
         merged: list[type] = []
         merge = probe_join._merge_caches
 
-        def spy(caches: list, merged: list = merged) -> list:
+        def spy(caches: list, merged: list = merged, merge: Any = merge) -> list:
             out = merge(caches)
             merged.append(type(out[0]))
             return out
