@@ -175,6 +175,7 @@ def add_parser(subs: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     from ..engine import step_order
     from ..engine.gil import step_phases
+    from ..kv import additive_mask, roll_kernel
     from ..serve.main import apply_config, serve
 
     apply_config(args, _defaults)
@@ -184,6 +185,8 @@ def run(args: argparse.Namespace) -> None:
         step_order.split_fraction()
         step_order.thread_rows()
         step_phases(args.switch_interval)
+        additive_mask.enabled()
+        roll_kernel.way()
     except ValueError as e:
         raise SystemExit(f"mlxd serve: error: {e}") from e
     if args.cuda_graphs == "off":  # read by MLX at its first GPU command, so before the model

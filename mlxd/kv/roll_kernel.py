@@ -47,9 +47,17 @@ def _kernel() -> object:
     )
 
 
+def way() -> str:
+    """MLXD_ROLL (default `kernel`; `slices` for A/Bs), checked."""
+    value = os.environ.get("MLXD_ROLL", "kernel")
+    if value not in ("kernel", "slices"):
+        raise ValueError(f"MLXD_ROLL={value!r}: kernel or slices")
+    return value
+
+
 def available(x: mx.array) -> bool:
     """Whether `x` rolls in the kernel here: MLX on a CUDA GPU, unless MLXD_ROLL=slices."""
-    if os.environ.get("MLXD_ROLL", "kernel") == "slices":
+    if way() == "slices":
         return False
     return x.ndim == 4 and mx.default_device() == mx.gpu and mx.cuda.is_available()
 

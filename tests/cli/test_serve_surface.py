@@ -222,10 +222,30 @@ def test_step_order_reaches_the_engine(flags, env, order, tiny_model, tmp_path, 
         state.provider.close()
 
 
+@pytest.mark.parametrize("env,on", [(None, True), ("0", False), ("1", True)])
+def test_the_additive_mask_switch_reaches_the_engine(env, on, tiny_model, tmp_path, monkeypatch):
+    """MLXD_ADDITIVE_MASK (default on) is the served engine's BatchConfig.additive_mask."""
+    from mlxd.serve.main import make_state
+
+    if env is None:
+        monkeypatch.delenv("MLXD_ADDITIVE_MASK", raising=False)
+    else:
+        monkeypatch.setenv("MLXD_ADDITIVE_MASK", env)
+    args = build_parser().parse_args(
+        ["serve", "--model", str(tiny_model("qwen3")), "--data-dir", str(tmp_path)]
+    )
+    state = make_state(args)
+    try:
+        assert state.provider.default.engine.config.additive_mask is on
+    finally:
+        state.provider.close()
+
+
 @pytest.mark.parametrize(
     "env",
     [("MLXD_STEP_ORDER", "later"), ("MLXD_STEP_SPLIT", "2"), ("MLXD_HELD_WAKE", "yes"),
-     ("MLXD_THREAD_ROWS", "0"), ("MLXD_THREAD_ROWS", "many")],
+     ("MLXD_THREAD_ROWS", "0"), ("MLXD_THREAD_ROWS", "many"), ("MLXD_ADDITIVE_MASK", "on"),
+     ("MLXD_ROLL", "gather")],
 )  # fmt: skip
 def test_a_bad_step_order_environment_stops_serve_with_one_line(env, monkeypatch) -> None:
     import mlxd.serve.main as serve_main
@@ -234,7 +254,8 @@ def test_a_bad_step_order_environment_stops_serve_with_one_line(env, monkeypatch
     monkeypatch.setenv(*env)
     monkeypatch.setattr(serve_main, "serve", lambda a: pytest.fail("served"))
     with pytest.raises(
-        SystemExit, match="mlxd serve: error: .*(one of|a fraction|0 or 1|a row count)"
+        SystemExit,
+        match="mlxd serve: error: .*(one of|a fraction|0 or 1|a row count|kernel or slices)",
     ):
         serve_cli.run(build_parser().parse_args(["serve", "--switch-interval", "engine"]))
 

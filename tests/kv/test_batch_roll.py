@@ -25,6 +25,20 @@ def test_roll_rows_equals_dynamic_roll(shifts: list[int]) -> None:
     assert mx.array_equal(roll_rows(x, shifts), want).item()
 
 
+def test_the_roll_kernel_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLXD_ROLL: the kernel by default (on CUDA only), slices on request, anything else an
+    error; on this CPU the slices always."""
+    x = mx.zeros((2, 1, 4, 8))
+    monkeypatch.delenv("MLXD_ROLL", raising=False)
+    assert roll_kernel.way() == "kernel"
+    assert roll_kernel.available(x) is (mx.cuda.is_available() and mx.default_device() == mx.gpu)
+    monkeypatch.setenv("MLXD_ROLL", "slices")
+    assert roll_kernel.way() == "slices" and not roll_kernel.available(x)
+    monkeypatch.setenv("MLXD_ROLL", "gather")
+    with pytest.raises(ValueError, match="MLXD_ROLL='gather': kernel or slices"):
+        roll_kernel.way()
+
+
 @pytest.mark.skipif(not mx.cuda.is_available(), reason="MLX-CUDA's kernel (cuda_tests.sh)")
 @pytest.mark.parametrize("dtype,d", [(mx.bfloat16, 128), (mx.bfloat16, 6), (mx.float32, 64)])
 def test_the_cuda_roll_kernel_leaves_the_slices_values(
