@@ -40,7 +40,7 @@ def _ms(t0: float) -> float:
     return 1000 * (time.perf_counter() - t0)
 
 
-def _restored(model, n: int, rng: random.Random) -> list:
+def restored(model, n: int, rng: random.Random) -> list:
     """A row's caches as the prefix store hands them over: n tokens of real prefill."""
     cache = make_prompt_cache(model)
     model(mx.array([[rng.randrange(10, 1000) for _ in range(n)]]), cache=cache)
@@ -65,7 +65,7 @@ def join_once(
     lens = [cached + (i * jitter) % 13 for i in range(rows)]
     feeds = [[rng.randrange(10, 1000) for _ in range(new + (i * jitter) % 11)] for i in range(rows)]
     out: dict[str, float] = {}
-    caches = [_restored(model, n, rng) for n in lens]
+    caches = [restored(model, n, rng) for n in lens]
     if ours:
         caches = [mergeable(c, takes_additive(model)) for c in caches]
     with watch("merge"):
@@ -111,14 +111,14 @@ def join_once(
         out["decode_step"] = _ms(t)
     # The same new tokens prefilled row by row, each over its own unpadded cache: no array
     # mask (the causal kernels), no roll; other kernels than the padded batch, so other bits.
-    caches = [_restored(model, n, rng) for n in lens]
+    caches = [restored(model, n, rng) for n in lens]
     mx.synchronize()
     t = time.perf_counter()
     for f, cache in zip(feeds, caches, strict=True):
         model(mx.array([f]), cache=cache)
         mx.eval([c.state for c in cache])
     out["prefill_row_by_row"] = _ms(t)
-    caches = [_restored(model, n, rng) for n in lens]
+    caches = [restored(model, n, rng) for n in lens]
     gen = BatchGenerator(model, completion_batch_size=max(rows, 8), prefill_batch_size=rows)
     mx.synchronize()
     t = time.perf_counter()
@@ -126,7 +126,7 @@ def join_once(
     gen.next()
     out["batch_generator"] = _ms(t)
     gen.close()
-    caches = [mergeable(_restored(model, n, rng), takes_additive(model)) for n in lens]  # mlxd's
+    caches = [mergeable(restored(model, n, rng), takes_additive(model)) for n in lens]  # mlxd's
     gen = BatchGenerator(model, completion_batch_size=max(rows, 8), prefill_batch_size=rows)
     mx.synchronize()
     t = time.perf_counter()

@@ -15,8 +15,8 @@ import mlx.core as mx
 import pytest
 from fixtures.batch_oracle import assert_same_outputs
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import make_prompt_cache
 
+from mlxd.bench.probe_join import restored
 from mlxd.engine.batch import BatchedRows
 from mlxd.engine.batch_row import BatchConfig
 from mlxd.kv import additive_mask, batch_roll
@@ -104,13 +104,6 @@ def _join(model: Any, caches: list[list[Any]], feeds: list[list[int]]) -> list[l
     return [out[u] for u in uids]
 
 
-def _restored(model: Any, n: int, rng: random.Random) -> list[Any]:
-    cache = make_prompt_cache(model)
-    model(mx.array([[rng.randrange(10, 500) for _ in range(n)]]), cache=cache)
-    mx.eval([c.state for c in cache])
-    return cache
-
-
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "gemma3"])  # gemma3: sliding layers beside
 def test_a_join_with_the_additive_mask_gives_mlx_lms_bits(
     tiny_model: Callable[..., Path], masks: list[Any], arch: str
@@ -122,7 +115,7 @@ def test_a_join_with_the_additive_mask_gives_mlx_lms_bits(
     rng = random.Random(7)
     cached, new = [40, 9, 23, 31], [17, 3, 11, 8]
     feeds = [[rng.randrange(10, 500) for _ in range(n)] for n in new]
-    rows = [_restored(model, n, rng) for n in cached]
+    rows = [restored(model, n, rng) for n in cached]
     if CUDA:  # the real check, for the model's KV shape
         k = rows[0][0].keys
         assert additive_mask.fused_prefill(k.dtype, k.shape[-1], rows[0][0].values.shape[-1])
@@ -144,7 +137,7 @@ def test_the_batch_hands_the_flag_to_the_rows_it_merges(tiny_model: Callable[...
     assert BatchedRows(qwen3, BatchConfig()).additive_mask
     assert not BatchedRows(qwen3, BatchConfig(additive_mask=False)).additive_mask
     assert not BatchedRows(phi3, BatchConfig()).additive_mask
-    merged = RollingBatchKVCache.merge([mergeable(_restored(qwen3, 5, random.Random(1)), True)[0]])
+    merged = RollingBatchKVCache.merge([mergeable(restored(qwen3, 5, random.Random(1)), True)[0]])
     assert merged.additive_mask
-    plain = RollingBatchKVCache.merge([mergeable(_restored(qwen3, 5, random.Random(1)))[0]])
+    plain = RollingBatchKVCache.merge([mergeable(restored(qwen3, 5, random.Random(1)))[0]])
     assert not plain.additive_mask
