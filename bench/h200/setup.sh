@@ -34,7 +34,7 @@ env_ab() {  # env_ab VAR "VALUES" TXT MODEL BENCH_ARGS...: mlxd alone, ROUNDS (d
         --model "$model" "$@" --only mlxd --seed "$round" --json "$OUT/env-$run.json" \
         2>&1 | grep -E "^\| [0-9]|round" | tee -a "$txt"
       [ -f "$OUT/kernels-$run.txt" ] && tee -a "$txt" < "$OUT/kernels-$run.txt" && rm "$OUT/kernels-$run.txt"
-      python3 -m mlxd.bench.trace_report "$OUT/trace-$run.jsonl" | grep -E "rows:|leaving|'batched'|held" \
+      python3 -m mlxd.bench.trace_report "$OUT/trace-$run.jsonl" | grep -E "rows:|leaving|'batched'|held|ahead|requests:" \
         | tee -a "$txt" || true
     done
   done

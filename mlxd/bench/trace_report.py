@@ -1,6 +1,7 @@
 """Read an engine trace (MLXD_TRACE, engine/trace.py): the turns where rows joined or the loop
 stalled, the decode step's median per batch size (mlx-lm's step, and the loop's whole turn
-around it), as the H200 runs were read (session 13), and what rows leaving cost (session 30).
+around it), as the H200 runs were read (session 13), what rows leaving cost (session 30), and
+when a join's requests reached the server and the engine before its turn (session 46).
 
     python -m mlxd.bench.trace_report trace.jsonl [--stall 0.05]
 """
@@ -86,8 +87,18 @@ def line(x: dict[str, Any]) -> str:
     split = " ".join(f"{k} {v:.3f}" for k, v in got.items() if k != "shape")
     parts = f"\n{'':11}parts: {split}{shape}" if got else ""
     return (
-        f"{x['t']:9.3f}  {phases}  active {x['active']} waiting {x['waiting']} {gen}{paths}" + parts
+        f"{x['t']:9.3f}  {phases}  active {x['active']} waiting {x['waiting']} {gen}{paths}"
+        + parts
+        + arrivals(x)
     )
+
+
+def arrivals(x: dict[str, Any]) -> str:
+    """A join's requests, relative to its turn's start: when they reached the server (`came`)
+    and the engine (`queued`, after their prompts were built), first and last."""
+    spans = [f"{k} {1e3 * (x[k][0] - x['t']):+.1f}..{1e3 * (x[k][1] - x['t']):+.1f} ms"
+             for k in ("came", "queued") if k in x]  # fmt: skip
+    return f"\n{'':11}requests: " + ", ".join(spans) if spans else ""
 
 
 def report(turns: list[dict[str, Any]], stall: float) -> list[str]:

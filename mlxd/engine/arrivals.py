@@ -27,6 +27,7 @@ class Ticket:
     """One request on its way; released right after its submit (or when its handling fails)."""
 
     def __init__(self, arrivals: "Arrivals | None") -> None:
+        self.came_at = time.perf_counter()  # the request reached the server (engine traces)
         self._arrivals = arrivals
         self._home = arrivals  # kept after release: the reply's end is counted there
         if arrivals is not None:
@@ -51,11 +52,12 @@ class Arrivals:
     """One per server (every engine it serves reads it: a request's engine is known only after
     its body is read, and the wait must cover that part too)."""
 
-    def __init__(self, window: float, expect_returns: bool = True) -> None:
+    def __init__(self, window: float, expect_returns: bool = True, lead: bool = True) -> None:
         if window < 0:
             raise ValueError("join window must be >= 0 seconds")
         self.window = window
         self.expect_returns = expect_returns  # False: only requests on their way hold a wave
+        self.lead = lead  # an idle engine starts a long uncached prompt at once (drive.py)
         self.lock = threading.Lock()
         self.pending = 0  # tickets not yet released
         # perf_counter times of recent tickets and of recent replies' ends, in time order.

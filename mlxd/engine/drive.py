@@ -38,6 +38,7 @@ class Driving:
     _busy: Callable[[], bool]
     _submit: Callable[[list[GenerationRequest], list[RequestHandle]], list[RequestHandle]]
     _turn: Callable[..., bool]
+    sharing: Any
     arrivals: Any
     drivable = True  # False: every reader waits for the engine thread (the A/B's other side)
 
@@ -46,6 +47,7 @@ class Driving:
         self._driver: RequestHandle | None = None
         self._driven: RequestHandle | None = None  # whose row a driver's turn left ready
         self._held_for: float | None = None  # the oldest waiting request of the last hold
+        self._lead_seen: tuple[float, int, bool] = (0.0, -1, False)  # _leads' last answer
 
     def submit_driven(self, req: GenerationRequest) -> RequestHandle:
         """Submit `req`; read it with `drive`. If the engine is idle and this is the main
@@ -160,9 +162,27 @@ class Driving:
         if not self.admission.waiting or not self.arrivals.maybe():
             return 0.0  # the per-turn fast path: no lock
         with self.admission.wake:
-            oldest = self.admission.waiting[0][1].submitted if self.admission.waiting else None
+            first = self.admission.waiting[0] if self.admission.waiting else None
+        oldest = first[1].submitted if first is not None else None
         wait = self.arrivals.hold(oldest)
+        if wait > 0 and first is not None and self._leads(first[0], oldest):
+            if oldest != self._held_for:
+                self._held_for = oldest
+                self.paths["started ahead of its wave"] += 1
+            return 0.0
         if wait > 0 and oldest != self._held_for:  # a new wave held: counted once
             self._held_for = oldest
             self.paths["wave held for arrivals"] += 1
         return wait
+
+    def _leads(self, req: GenerationRequest, submitted: float) -> bool:
+        """Nothing runs and the oldest request has a prefill step or more the store lacks (a
+        fleet's new system prompt): it starts now, alone, while its wave's other turns are
+        still on their way. Those that share its prompt wait for its snapshot anyway, and its
+        prefill would otherwise start only after the last of them was tokenized."""
+        if not self.arrivals.lead or self._busy() or self.sharing is None or req.n != 1:
+            return False
+        key = (submitted, self.sharing.store.version)  # a held wave asks at every arrival
+        if self._lead_seen[:2] != key:
+            self._lead_seen = (*key, self.sharing.uncached(req) >= req.prefill_step_size)
+        return self._lead_seen[2]

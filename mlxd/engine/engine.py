@@ -149,6 +149,8 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
             prepare(req)
             materialize(req.prompt, req.input_embeddings, req.prompt_cache)
         if arrival is not None:  # released before it queues: a wave never waits for itself
+            for handle in handles:
+                handle.arrived = arrival.came_at
             arrival.release()
         self.admission.push(list(zip(reqs, handles, strict=True)))
         return handles
@@ -207,6 +209,7 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
         joiners = self.admission.take(self._active, self._alone, defer, only)
         if not joiners:
             return
+        self._trace.admitted([handle for _, handle in joiners])
         taken = [h for _, handle in joiners for h in [handle, *self._groups.get(id(handle), [])]]
         try:
             self._start(joiners)

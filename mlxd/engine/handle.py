@@ -39,6 +39,7 @@ class RequestHandle:
         self._lock = threading.Lock()
         self.done: DoneEvent | None = None
         self.submitted = time.perf_counter()
+        self.arrived: float | None = None  # when its request reached the server (a Ticket's)
         self.cached_tokens = 0  # prompt tokens the prefix store served (set at admission)
 
     # engine side

@@ -70,6 +70,16 @@ class PrefixSharing:
     def eligible(req: GenerationRequest) -> bool:
         return req.use_prefix_store and req.prompt_cache is None and req.input_embeddings is None
 
+    def uncached(self, req: GenerationRequest) -> int:
+        """Prompt tokens the store could not serve now (the whole prompt if it is not eligible)."""
+        if not self.eligible(req):
+            return len(req.prompt)
+        try:
+            return len(req.prompt) - self.store.peek(self.namespace(req), req.prompt.tolist())
+        except Exception:  # noqa: BLE001 - a store failure counts as a miss
+            log.exception("prefix store peek failed")
+            return len(req.prompt)
+
     def plan(self, req: GenerationRequest) -> Plan:
         """Look the prompt up; the clone it returns is the row's to write."""
         ns = self.namespace(req)

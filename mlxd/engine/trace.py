@@ -4,8 +4,9 @@ A line has the turn's start (`t`, seconds since the engine started), the host ti
 (`admit` (with any idle wait), `fork`, `serial`, `batch`, `tick`), the rows running and waiting,
 what the paths counter gained (rows admitted serial / batched, moves), BatchGenerator's
 counters over the turn (prompt tokens and time, decode steps and time), and a join's `parts`
-(trace_parts.py: merge, forward, roll, first step, snapshots, the padded shape). Unset: every
-call is a no-op (`NoTrace`).
+(trace_parts.py: merge, forward, roll, first step, snapshots, the padded shape), and for the
+rows it admitted when their requests reached the server (`came`) and the engine (`queued`),
+first and last. Unset: every call is a no-op (`NoTrace`).
 
 Lines are written out once a second, when the engine goes idle and at close, not per turn: a
 write releases the GIL, where the HTTP thread can take it for its burst of frames. The H200
@@ -33,6 +34,9 @@ class NoTrace:
         pass
 
     def mark(self, phase: str) -> None:
+        pass
+
+    def admitted(self, handles: list[Any]) -> None:
         pass
 
     def batches(self, batches: dict[Any, Any], before: bool) -> None:
@@ -76,6 +80,14 @@ class Trace(NoTrace):
         now = time.perf_counter()
         self._rec[phase] = round(now - self._last, 6)
         self._last = now
+
+    def admitted(self, handles: list[Any]) -> None:
+        """The turn's joiners: when their requests reached the server (`came`) and the engine
+        (`queued`), first and last, on the trace's clock: a wave's wait before its turn."""
+        for key, times in (("came", [h.arrived for h in handles if h.arrived is not None]),
+                           ("queued", [h.submitted for h in handles])):  # fmt: skip
+            if times:
+                self._rec[key] = [round(min(times) - self._t0, 6), round(max(times) - self._t0, 6)]
 
     def batches(self, batches: dict[Any, Any], before: bool) -> None:
         """BatchGenerator's prompt / decode counters around the batch phase (deltas per turn,

@@ -69,9 +69,11 @@ class ModelProvider:
         self.max_others = max_others
         self._lock = threading.Lock()
         # Requests on their way to any engine here (engine/arrivals.py: the join window).
-        # MLXD_JOIN_EXPECT=0: replies that ended do not hold a wave (the A/B's other side).
+        # MLXD_JOIN_EXPECT=0: replies that ended do not hold a wave; MLXD_JOIN_LEAD=0: a long
+        # prompt the store lacks is held with the rest (each the A/B's other side).
         expect = os.environ.get("MLXD_JOIN_EXPECT", "1") != "0"
-        self.arrivals = Arrivals(getattr(args, "join_window", 0.0), expect)
+        lead = os.environ.get("MLXD_JOIN_LEAD", "1") != "0"
+        self.arrivals = Arrivals(getattr(args, "join_window", 0.0), expect, lead)
         self.default = self._load(args.model, args.adapter_path)
         self._limit_before = hold_to_budget(args)  # once the budget is known to hold the weights
         self._others: collections.OrderedDict[tuple, Served] = collections.OrderedDict()

@@ -4,7 +4,7 @@ import gzip
 import json
 from pathlib import Path
 
-from mlxd.bench.trace_report import cycles, decode_steps, events, load, report
+from mlxd.bench.trace_report import arrivals, cycles, decode_steps, events, load, report
 
 TURNS = [
     {"t": 0.0, "admit": 0.3, "serial": 0.2, "active": 1, "waiting": 0, "paths": {"serial": 1}},
@@ -48,3 +48,10 @@ def test_report_reads_plain_and_gzipped_files(tmp_path: Path) -> None:
     assert load(str(plain)) == load(str(packed)) == TURNS
     lines = report(TURNS, 0.05)
     assert lines[0].startswith("7 turns") and "    4 rows:   25.00 ms (2) |   25.00" in lines
+
+
+def test_a_joins_requests_are_shown_relative_to_its_turn() -> None:
+    join = {"t": 3.0, "came": [2.8, 2.85], "queued": [2.83, 2.9995]}
+    assert arrivals(join) == "\n           requests: came -200.0..-150.0 ms, queued -170.0..-0.5 ms"
+    assert arrivals({"t": 3.0, "queued": [2.9, 2.95]}).endswith("queued -100.0..-50.0 ms")
+    assert arrivals(TURNS[2]) == ""  # a trace from before session 46 has neither

@@ -13,6 +13,7 @@ from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
 from mlxd.engine.arrivals import Arrivals
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest, TokenEvent
+from mlxd.store import PrefixStore
 
 TEXTS = ["Hello there my friend", "Tell me a long story about a cat"]
 
@@ -186,3 +187,61 @@ def test_expecting_returns_can_be_turned_off() -> None:
     with a.coming():
         pass
     assert not a.ends and a.hold(time.perf_counter()) == 0.0
+
+
+def _stored(loaded, arrivals: Arrivals) -> Engine:
+    return Engine(loaded[0], batch=8, arrivals=arrivals,
+                  prefix_store=PrefixStore(max_entries=50), namespace="t")  # fmt: skip
+
+
+def _long_req(prompt: list[int]) -> GenerationRequest:
+    return GenerationRequest(prompt=mx.array(prompt), max_tokens=4,
+                             stop_token_ids=frozenset(), prefill_step_size=64)  # fmt: skip
+
+
+def _long(tok) -> list[int]:
+    long = tok.encode(" ".join(f"w{i}" for i in range(120)))
+    assert len(long) >= 64  # a prefill step (64 here) or more the store lacks
+    return long
+
+
+def test_a_long_prompt_the_store_lacks_starts_ahead_of_its_wave(loaded) -> None:
+    """A fleet's new system prompt: nothing runs and the oldest request has a prefill step or
+    more the store lacks, so it starts while its wave's other turns are still on their way
+    (they would wait for its snapshot anyway). A turn the store serves is held as before."""
+    tok = loaded[1]
+    engine = _stored(loaded, Arrivals(30.0))
+    try:
+        long, req = _long(tok), _long_req
+
+        with engine.arrivals.coming() as first, engine.arrivals.coming() as second:
+            tic = time.perf_counter()
+            lead = engine.submit(req(long), first)
+            assert isinstance(next(iter(lead)), TokenEvent)  # `second` is still on its way
+            assert time.perf_counter() - tic < 10  # not held for the 30 s window
+            assert engine.stats()["paths"]["started ahead of its wave"] == 1
+            list(lead)
+            with engine.arrivals.coming():  # the next turn: the store serves all but 2 tokens
+                back = engine.submit(req(long + tok.encode(" again")), second)
+                time.sleep(0.3)
+                assert back.poll() is None and engine.stats()["waiting"] == 1
+            assert len(list(back)) == 4 and back.done.cached_tokens >= len(long)
+        paths = engine.stats()["paths"]
+        assert paths["wave held for arrivals"] == 1 and paths["started ahead of its wave"] == 1
+    finally:
+        engine.close()
+
+
+def test_mlxd_join_lead_0_holds_the_long_prompt_with_its_wave(loaded) -> None:
+    tok = loaded[1]
+    engine = _stored(loaded, Arrivals(30.0, lead=False))  # MLXD_JOIN_LEAD=0 in a server
+    try:
+        with engine.arrivals.coming() as first, engine.arrivals.coming():
+            held = engine.submit(_long_req(_long(tok)), first)
+            time.sleep(0.3)
+            assert held.poll() is None and engine.stats()["waiting"] == 1
+        assert len(list(held)) == 4
+        paths = engine.stats()["paths"]
+        assert paths["wave held for arrivals"] == 1 and "started ahead of its wave" not in paths
+    finally:
+        engine.close()

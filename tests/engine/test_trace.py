@@ -10,6 +10,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from mlxd.engine.arrivals import Arrivals
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.engine.trace import NoTrace, Trace
@@ -186,3 +187,26 @@ def test_rows_leaving_have_their_parts(
     assert any("filter" not in x.get("parts", {}) for x in plain_steps)
     summary = [s for s in report(lines, 0.0) if s.startswith("rows leaving")]
     assert summary and "leave_step" in summary[0] and "finish" in summary[0]
+
+
+def test_a_turn_that_admits_rows_has_their_arrival_and_queue_times(traced) -> None:
+    engine, path = traced
+    t0 = time.perf_counter()
+    arrivals = Arrivals(0.0)  # a server's: each request's ticket stamps when it came
+    with arrivals.coming() as ticket:
+        time.sleep(0.02)  # the server builds the prompt before it submits
+        handle = engine.submit(GenerationRequest(prompt=mx.array([1, 2, 3]), max_tokens=2), ticket)
+    plain = engine.submit(GenerationRequest(prompt=mx.array([4, 5, 6]), max_tokens=2))
+    handle.wait(), plain.wait()
+    engine.close()
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    joined = [x for x in lines if "queued" in x]
+    assert sum(x.get("paths", {}).get("serial", 0) + x.get("paths", {}).get("batched", 0)
+               for x in joined) == 2  # fmt: skip
+    came = [x for x in joined if "came" in x]
+    assert len(came) == 1  # only the request with a ticket has a server arrival
+    first, last = came[0]["came"]
+    assert first == last and came[0]["queued"][0] - first >= 0.02
+    assert all(x["queued"][1] <= x["t"] for x in joined)  # queued before the turn began
+    assert handle.arrived == ticket.came_at and t0 <= ticket.came_at <= handle.submitted
+    assert plain.arrived is None
