@@ -75,7 +75,7 @@ class PrefixSharing:
         if not self.eligible(req):
             return len(req.prompt)
         try:
-            return len(req.prompt) - self.store.peek(self.namespace(req), req.prompt.tolist())
+            return len(req.prompt) - self.store.peek(self.namespace(req), prompt_ids(req))
         except Exception:  # noqa: BLE001 - a store failure counts as a miss
             log.exception("prefix store peek failed")
             return len(req.prompt)
@@ -83,9 +83,8 @@ class PrefixSharing:
     def plan(self, req: GenerationRequest) -> Plan:
         """Look the prompt up; the clone it returns is the row's to write."""
         ns = self.namespace(req)
-        tokens = req.prompt.tolist()
         try:
-            hit = self.store.lookup(ns, tokens)
+            hit = self.store.lookup(ns, prompt_ids(req))
         except Exception:  # noqa: BLE001 - a store failure costs a miss, never the row
             log.exception("prefix store lookup failed; the row prefills its whole prompt")
             hit = None
@@ -97,7 +96,7 @@ class PrefixSharing:
 
     # snapshots still to come, which waiting requests may wait for
     def announce(self, req: GenerationRequest, plan: Plan) -> None:
-        prompt = np.asarray(req.prompt.tolist(), dtype=np.int32)
+        prompt = prompt_ids(req)
         self._pending[id(req)] = _Pending(plan.namespace, prompt, [c for c, _ in plan.cuts])
         self._version += 1
 
@@ -150,8 +149,8 @@ class PrefixSharing:
             if plan is None or plan.namespace != ns:
                 continue
             pending = self._pending.get(id(other))
-            b = pending.prompt if pending is not None else _tokens(other)
-            a = _tokens(req) if a is None else a
+            b = pending.prompt if pending is not None else prompt_ids(other)
+            a = prompt_ids(req) if a is None else a
             n = min(common_prefix(a, b), len(a) - 1, len(b) - 1)
             if n <= plan.start:
                 continue
@@ -169,7 +168,7 @@ class PrefixSharing:
         if cached is not None and cached[:2] == key:
             return cached[2]
         ns = self.namespace(req)
-        prompt = np.asarray(req.prompt.tolist(), dtype=np.int32)
+        prompt = prompt_ids(req)
         have = self.store.peek(ns, prompt)
         wait = False
         for p in self._pending.values():
@@ -187,7 +186,7 @@ class PrefixSharing:
         a row prefilled alone computed it as a miss would."""
         kind = next((k for c, k in plan.cuts if c == at), "user")
         exact = 0 if self.grid and not solo else -1
-        self._insert(plan.namespace, req.prompt[:at].tolist(), cache, kind, exact)
+        self._insert(plan.namespace, prompt_ids(req)[:at].copy(), cache, kind, exact)
         self.landed(req, at)
 
     def finish(
@@ -221,5 +220,8 @@ class PrefixSharing:
             log.exception("prefix store insert failed; the entry is not kept")
 
 
-def _tokens(req: GenerationRequest) -> np.ndarray:
-    return np.asarray(req.prompt.tolist(), dtype=np.int32)
+def prompt_ids(req: GenerationRequest) -> np.ndarray:
+    """The prompt's ids as int32, read through the array's buffer: a 4k-token prompt's
+    `tolist()` and `np.asarray` of the list cost ~0.3 ms, paid several times a joiner at
+    admission (~1 ms a row of a 32-row wave's 31-37 ms on the CPU, session 46)."""
+    return np.asarray(req.prompt).reshape(-1).astype(np.int32, copy=False)

@@ -310,3 +310,25 @@ def test_the_donor_of_a_system_prompt_joins_its_wave_in_step(tiny_lm) -> None:
         assert sorted(h.done.cached_tokens for h in handles) == [0, 300, 300, 300]
     finally:
         e.close()
+
+
+def test_prompt_ids_read_each_int_dtype_as_its_list_would() -> None:
+    """Admission reads prompts through the array's buffer, not `tolist()` (prefix.prompt_ids)."""
+    import numpy as np
+
+    from mlxd.engine.prefix import prompt_ids
+
+    for dtype in (mx.int32, mx.uint32, mx.int64):
+        prompt = mx.array([5, 151643, 7, 0], dtype=dtype)
+        ids = prompt_ids(GenerationRequest(prompt=prompt))
+        assert ids.dtype == np.int32 and ids.tolist() == prompt.tolist()
+
+
+def test_a_uint32_prompt_hits_what_an_int32_one_stored(engine) -> None:
+    e = engine()
+    prompt = words(7, 120)
+    toks, lps, _ = run(e, prompt)
+    h = e.submit(GenerationRequest(prompt=mx.array(prompt, dtype=mx.uint32), max_tokens=6))
+    events = list(h)
+    assert h.done.cached_tokens == len(prompt) - 1
+    assert [x.token for x in events] == toks and same_logprobs([x.logprobs for x in events], lps)
