@@ -176,13 +176,14 @@ class Driving:
         return wait
 
     def _leads(self, req: GenerationRequest, submitted: float) -> bool:
-        """Nothing runs and the oldest request has a prefill step or more the store lacks (a
-        fleet's new system prompt): it starts now, alone, while its wave's other turns are
-        still on their way. Those that share its prompt wait for its snapshot anyway, and its
-        prefill would otherwise start only after the last of them was tokenized."""
+        """Nothing runs and the oldest request has a prefill step or more the store lacks, up
+        to a boundary it snapshots (a fleet's new system prompt, `PrefixSharing.leads`): it
+        starts now, alone, while its wave's other turns are still on their way. Those that
+        share its prompt wait for its snapshot anyway, and its prefill would otherwise start
+        only after the last of them was tokenized."""
         if not self.arrivals.lead or self._busy() or self.sharing is None or req.n != 1:
             return False
         key = (submitted, self.sharing.store.version)  # a held wave asks at every arrival
         if self._lead_seen[:2] != key:
-            self._lead_seen = (*key, self.sharing.uncached(req) >= req.prefill_step_size)
+            self._lead_seen = (*key, self.sharing.leads(req))
         return self._lead_seen[2]

@@ -70,15 +70,21 @@ class PrefixSharing:
     def eligible(req: GenerationRequest) -> bool:
         return req.use_prefix_store and req.prompt_cache is None and req.input_embeddings is None
 
-    def uncached(self, req: GenerationRequest) -> int:
-        """Prompt tokens the store could not serve now (the whole prompt if it is not eligible)."""
+    def leads(self, req: GenerationRequest) -> bool:
+        """Worth starting ahead of a held wave: the store lacks a prefill step or more of the
+        prompt, and a boundary it brings (a system prompt's end) lies far enough past what the
+        store has, so turns on their way that share it can wait for that snapshot (`defer`).
+        Without such a cut they could not, and would prefill the shared part again."""
         if not self.eligible(req):
-            return len(req.prompt)
+            return False
         try:
-            return len(req.prompt) - self.store.peek(self.namespace(req), prompt_ids(req))
-        except Exception:  # noqa: BLE001 - a store failure counts as a miss
+            have = self.store.peek(self.namespace(req), prompt_ids(req))
+        except Exception:  # noqa: BLE001 - a failed peek: held with the wave, as before
             log.exception("prefix store peek failed")
-            return len(req.prompt)
+            return False
+        if len(req.prompt) - have < req.prefill_step_size:
+            return False
+        return any(c - have >= self.share_min for c, _ in req.snapshot_at)
 
     def plan(self, req: GenerationRequest) -> Plan:
         """Look the prompt up; the clone it returns is the row's to write."""

@@ -2,6 +2,7 @@
 server is still building, so turns that arrive together join in one wave (the bits of
 mlx-lm's batch of them all); a lone request never waits; running rows keep decoding."""
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
 
 from mlxd.engine.arrivals import Arrivals
 from mlxd.engine.engine import Engine
+from mlxd.engine.prefix import PrefixSharing
 from mlxd.engine.request import GenerationRequest, TokenEvent
 from mlxd.store import PrefixStore
 
@@ -194,14 +196,18 @@ def _stored(loaded, arrivals: Arrivals) -> Engine:
                   prefix_store=PrefixStore(max_entries=50), namespace="t")  # fmt: skip
 
 
-def _long_req(prompt: list[int]) -> GenerationRequest:
-    return GenerationRequest(prompt=mx.array(prompt), max_tokens=4,
-                             stop_token_ids=frozenset(), prefill_step_size=64)  # fmt: skip
+SYSTEM_END = 100  # a server's system cut (`snapshot_at`), what the turns on their way share
 
 
-def _long(tok) -> list[int]:
-    long = tok.encode(" ".join(f"w{i}" for i in range(120)))
-    assert len(long) >= 64  # a prefill step (64 here) or more the store lacks
+def _long_req(prompt: list[int], cut: bool = True) -> GenerationRequest:
+    return GenerationRequest(prompt=mx.array(prompt), max_tokens=4, stop_token_ids=frozenset(),
+                             prefill_step_size=64,
+                             snapshot_at=((SYSTEM_END, "system"),) if cut else ())  # fmt: skip
+
+
+def _long(tok, tail: str = "") -> list[int]:
+    long = tok.encode(" ".join(f"w{i}" for i in range(120))) + tok.encode(tail)
+    assert len(long) > SYSTEM_END >= 64  # a prefill step (64 here) or more the store lacks
     return long
 
 
@@ -245,3 +251,71 @@ def test_mlxd_join_lead_0_holds_the_long_prompt_with_its_wave(loaded) -> None:
         assert paths["wave held for arrivals"] == 1 and "started ahead of its wave" not in paths
     finally:
         engine.close()
+
+
+def test_a_long_prompt_with_no_cut_to_wait_for_is_held(loaded) -> None:
+    """Without a boundary snapshot, turns on their way could not wait for its prefill and
+    would compute the shared part again: so it waits with its wave, as before."""
+    tok = loaded[1]
+    engine = _stored(loaded, Arrivals(30.0))
+    try:
+        with engine.arrivals.coming() as first, engine.arrivals.coming():
+            held = engine.submit(_long_req(_long(tok), cut=False), first)
+            time.sleep(0.3)
+            assert held.poll() is None and engine.stats()["waiting"] == 1
+        assert len(list(held)) == 4
+        assert "started ahead of its wave" not in engine.stats()["paths"]
+    finally:
+        engine.close()
+
+
+def _fleet_turn(loaded, monkeypatch, lead: bool) -> tuple[list, dict]:
+    """Three agents sharing a system prompt the store lacks (its cut where their prompts part):
+    the first's request queues while the other two are still on their way. The first's system
+    snapshot waits until the other two have queued, so with the lead they come while it is
+    prefilling, as in a fleet whose prefill outlasts the others' tokenizing."""
+    tok = loaded[1]
+    prompts = [_long(tok, f" agent {i} asks") for i in range(3)]
+    shared = next(i for i, (a, b) in enumerate(zip(*prompts[:2], strict=False)) if a != b)
+    queued, snapshot = threading.Event(), PrefixSharing.snapshot
+
+    def gated(self, req, plan, at, *rest, **kw):
+        queued.wait(30)
+        return snapshot(self, req, plan, at, *rest, **kw)
+
+    monkeypatch.setattr(PrefixSharing, "snapshot", gated)
+    engine = _stored(loaded, Arrivals(30.0, lead=lead))
+    try:
+
+        def req(prompt: list[int]) -> GenerationRequest:
+            return GenerationRequest(prompt=mx.array(prompt), max_tokens=6,
+                                     stop_token_ids=frozenset(), prefill_step_size=64,
+                                     snapshot_at=((shared, "system"),))  # fmt: skip
+
+        with engine.arrivals.coming() as t0, engine.arrivals.coming() as t1:
+            with engine.arrivals.coming() as t2:
+                first = engine.submit(req(prompts[0]), t0)
+                time.sleep(0.3)  # started ahead (its snapshot gated), or held for the others
+                assert engine.stats()["waiting"] == (0 if lead else 1)
+                later = zip(prompts[1:], (t1, t2), strict=True)
+                rest = [engine.submit(req(p), t) for p, t in later]
+        queued.set()
+        got = [[(e.token, e.logprobs) for e in h] for h in [first, *rest]]
+        assert [h.done.cached_tokens for h in rest] == [shared, shared]  # its snapshot served them
+        return got, dict(engine.stats()["paths"])
+    finally:
+        engine.close()
+
+
+def test_starting_ahead_keeps_the_rows_bits_and_the_shared_prefill(loaded, monkeypatch) -> None:
+    """Held or started ahead, the first agent prefills the system prompt alone and the others
+    wait for its snapshot: the same rows, so the same tokens and logprobs, exactly."""
+    ahead, ahead_paths = _fleet_turn(loaded, monkeypatch, lead=True)
+    held, held_paths = _fleet_turn(loaded, monkeypatch, lead=False)
+    assert ahead_paths["started ahead of its wave"] == 1
+    assert "started ahead of its wave" not in held_paths
+    # Held, the others are sent back in its own wave (counted); ahead, they queue behind its
+    # pending snapshot (`defer`). Either way its snapshot serves them (`_fleet_turn`).
+    assert held_paths["waited for a shared prefix"] == 2
+    assert ahead_paths["serial->batched"] == held_paths["serial->batched"] == 1
+    assert_same_outputs(ahead, held)
