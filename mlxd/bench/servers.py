@@ -183,6 +183,11 @@ class Server:
     def first_traceback(self) -> str:
         return first_traceback(self._log())
 
+    def exit_code(self) -> int | None:
+        """The process's exit status once it has ended (negative: the signal that ended it),
+        None while it runs."""
+        return None if self.proc is None else self.proc.poll()
+
     def _log(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
@@ -209,12 +214,34 @@ class Server:
 
 def first_traceback(log: str) -> str:
     """The log's first Python traceback through its exception line: the cause, where a dying
-    server's later lines only repeat its effect ("generation thread died", session 27)."""
+    server's later lines only repeat its effect ("generation thread died", session 27). A
+    native crash has none: then faulthandler's dump, every thread's stack (`fatal_error`)."""
     lines = log.splitlines()
+    fatal = fatal_error(lines)
     start = next((i for i, line in enumerate(lines) if line.startswith("Traceback (most")), None)
     if start is None:
-        return ""
+        return fatal
     for end in range(start + 1, len(lines)):
         if lines[end] and not lines[end][0].isspace():
             return "\n".join(lines[start : end + 1])
     return "\n".join(lines[start:])
+
+
+def fatal_error(lines: list[str], most: int = 200) -> str:
+    """faulthandler's report of a native crash ("Fatal Python error: ..." and each thread's
+    stack, up to its first blank line after a stack), at most `most` lines; "" without one."""
+    start = next((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), None)
+    if start is None:
+        return ""
+    end, seen_stack = start + 1, False
+    while end < len(lines) and end - start < most:
+        if lines[end].startswith(("Thread 0x", "Current thread 0x")):
+            seen_stack = True
+        elif seen_stack and not lines[end].strip() and not _more_threads(lines, end + 1):
+            break
+        end += 1
+    return "\n".join(lines[start:end])
+
+
+def _more_threads(lines: list[str], i: int) -> bool:
+    return i < len(lines) and lines[i].startswith(("Thread 0x", "Current thread 0x"))

@@ -100,6 +100,9 @@ def run_one(srv: Server, sampler: RSSSampler, wl: Workload, r: int) -> dict[str,
     after = srv.metrics()
     waits = engine_waits(before, after)
     split = "".join(f", {k} mean {v:.3f} s" for k, v in (waits or {}).items())
+    gone = srv.exit_code() if fig["errors"] else None  # e.g. -11: a native crash cut every stream
+    if gone is not None:
+        split += f", server exited with code {gone}"
     print(
         f"[{LABEL[srv.side]}] N={wl.agents} round {r}: {fig['output_tokens']} tokens in "
         f"{wall:.2f} s = {fig['output_tok_s']:.1f} tok/s, TTFT p50 {fig['ttft_p50_s'] or 0:.3f} s,"
@@ -112,6 +115,7 @@ def run_one(srv: Server, sampler: RSSSampler, wl: Workload, r: int) -> dict[str,
     if fig["errors"]:  # the server's own account of what failed travels with the run
         out["log_tail"] = srv.log_tail(60)
         out["first_traceback"] = srv.first_traceback()
+        out["server_exit"] = gone
     return out | ({"engine_waits": waits} if waits else {})
 
 

@@ -1,6 +1,7 @@
 """`mlxd serve`: every `mlx_lm.server` flag with its default, plus mlxd's, grouped by layer."""
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -195,4 +196,7 @@ def run(args: argparse.Namespace) -> None:
         os.environ["MLX_CUDA_USE_CUDNN_SDPA"] = "0"
     if isinstance(args.switch_interval, float):
         sys.setswitchinterval(args.switch_interval)
+    # A native crash (MLX, CUDA) prints every thread's Python stack to stderr: the log then says
+    # which thread was in which call (session 47's fleet died with none).
+    faulthandler.enable(all_threads=True)
     serve(args)

@@ -415,11 +415,13 @@ def test_a_round_with_errors_keeps_the_servers_log_tail() -> None:
         metrics=lambda: None,
         log_tail=lambda n=30: f"the last {n} lines",
         first_traceback=lambda: "Traceback ...",
+        exit_code=lambda: -11,  # the server is gone: its signal is in the record
     )
     wl = Workload(1, 1, 4, "sys", ["task"], [[]], [])
     run = run_one(srv, Sampler(), wl, 0)
     assert run["figures"]["errors"] == 1
     assert run["log_tail"] == "the last 60 lines" and run["first_traceback"] == "Traceback ..."
+    assert run["server_exit"] == -11
 
 
 def test_the_first_traceback_is_the_cause_not_the_echoes() -> None:
