@@ -10,6 +10,8 @@ rows it holds in mlx-lm's pipelined order, and the graph is the same: the same b
 MLX keeps a stream's command encoder per thread; a thread-unsafe stream's is global, so both
 threads may encode on it, one at a time. The encoder runs one job at a time, and the engine
 thread calls `settle()` before anything of its own evaluates (joins, leaves, the store).
+The thread is a pooled one (threads.py) that outlives the batch: a thread that ran MLX work
+and ended takes its thread-local streams and command encoders down with it.
 """
 
 import threading
@@ -18,6 +20,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from .threads import run_on_worker
+
+NAME = "mlxd-step-encoder"  # the pooled thread's name while it encodes
 _stream: Any = None
 
 
@@ -43,8 +48,8 @@ class StepEncoder:
         self._late: BaseException | None = None  # the job's encode failed: the next call's
         self._busy = False  # a job not yet encoded
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="mlxd-step-encoder", daemon=True)
-        self._thread.start()
+        self._ended = threading.Event()  # its loop returned: the thread is back in the pool
+        self._thread = run_on_worker(self._serve, self._ended)
 
     def step(
         self,
@@ -78,7 +83,15 @@ class StepEncoder:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        self._thread.join()
+        self._ended.wait()
+
+    def _serve(self) -> None:
+        me = threading.current_thread()
+        pooled, me.name = me.name, NAME
+        try:
+            self._run()
+        finally:
+            me.name = pooled
 
     def _settled(self) -> None:
         while self._busy:

@@ -223,7 +223,7 @@ def test_a_failed_read_is_the_steps_error_and_a_failed_queue_the_next_calls(
             enc.step([ok + 1], ok, [])
     finally:
         enc.close()
-    assert not enc._thread.is_alive()
+    assert enc._ended.is_set() and enc._thread.is_alive()  # back in the pool, not ended
 
 
 def test_a_closing_batch_logs_its_last_steps_failure(monkeypatch, caplog) -> None:
@@ -244,5 +244,29 @@ def test_a_closing_batch_logs_its_last_steps_failure(monkeypatch, caplog) -> Non
     assert enc.step([ok], ok, [bad]) == [1, 2]
     batch = SimpleNamespace(decode=SimpleNamespace(encoder=enc))
     BatchedRows._stop_encoder(batch)  # type: ignore[arg-type]
-    assert batch.decode.encoder is None and not enc._thread.is_alive()
+    assert batch.decode.encoder is None and enc._ended.is_set()
     assert "no row reads it" in caplog.text
+
+
+def test_the_encoders_thread_outlives_its_batch() -> None:
+    """A thread that ran MLX work and ended takes its thread-local streams and command encoders
+    with it (and on the CPU can abort the process at exit, threads.py): a closed encoder's
+    thread goes back to the pool alive, and the next batch's encoder runs on a pooled thread,
+    under the encoder's name only while it serves."""
+    shared = encoder_mod.stream()
+    with mx.stream(shared):
+        ok = mx.array([1, 2]) + 0
+    first = StepEncoder()
+    assert first.step([ok], ok, []) == [1, 2]
+    first.close()
+    time.sleep(0.05)  # the worker returns to the idle pool just after its job ends
+    before = set(threading.enumerate())
+    second = StepEncoder()
+    try:
+        assert second.step([ok], ok, []) == [1, 2]
+        assert second._thread.name == encoder_mod.NAME
+    finally:
+        second.close()
+    assert first._thread.is_alive() and second._thread.is_alive()
+    assert second._thread in before  # an idle pooled thread, taken again: none started
+    assert second._thread.name != encoder_mod.NAME
