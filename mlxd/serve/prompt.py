@@ -11,6 +11,7 @@ from mlx_lm.server import convert_chat
 
 from .errors import bad_request
 from .system_tokens import SYSTEM_TOKENS
+from .token_search import mismatch, rfind
 
 
 @dataclass
@@ -62,7 +63,8 @@ def initial_state(tokenizer: Any, tokens: list[int]) -> str:
     """Reasoning when the prompt leaves a think block open (a template that starts it)."""
     state = "normal"
     if tokenizer.has_thinking:
-        if tokenizer.rfind_think_start(tokens) > tokenizer.rfind_think_end(tokens):
+        start, end = tokenizer.think_start_tokens, tokenizer.think_end_tokens
+        if start and end and rfind(tokens, start) > rfind(tokens, end):  # rfind_think_*'s
             state = "reasoning"
     return tokenizer.response_initial_state or state
 
@@ -114,8 +116,7 @@ def segment_cuts(
             sys_tokens = SYSTEM_TOKENS.get(tokenizer, alone, tools, template_args)
         except Exception:  # noqa: BLE001 - no cut is only a missed snapshot
             sys_tokens = []
-        pairs = enumerate(zip(sys_tokens, prompt, strict=False))
-        sys_end = next((i for i, (a, b) in pairs if a != b), 0)
+        sys_end = mismatch(sys_tokens, prompt)
         if 0 < sys_end < len(prompt):
             cuts.append((sys_end, "system"))
     if tokenizer.has_thinking:
