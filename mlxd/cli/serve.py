@@ -198,5 +198,8 @@ def run(args: argparse.Namespace) -> None:
         sys.setswitchinterval(args.switch_interval)
     # A native crash (MLX, CUDA) prints every thread's Python stack to stderr: the log then says
     # which thread was in which call (session 47's fleet died with none).
-    faulthandler.enable(all_threads=True)
+    try:
+        faulthandler.enable(all_threads=True)
+    except (AttributeError, ValueError, OSError):  # a stderr without a file (an IDE's console)
+        pass
     serve(args)

@@ -58,3 +58,19 @@ def test_the_fatal_dump_ends_after_the_last_threads_stack() -> None:
     ])  # fmt: skip
     assert first_traceback(log).splitlines()[-1] == '  File "turns.py", line 72 in _turn'
     assert first_traceback(log).count("most recent call first") == 2
+
+
+def test_serve_starts_where_stderr_has_no_file(monkeypatch, tmp_path: Path) -> None:
+    """An embedding whose stderr is not a file (an IDE's console): faulthandler cannot write
+    there, and the server starts anyway."""
+    import io
+
+    import mlxd.serve.main
+    from mlxd.cli import build_parser
+    from mlxd.cli import serve as cli_serve
+
+    started = []
+    monkeypatch.setattr(mlxd.serve.main, "serve", started.append)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    cli_serve.run(build_parser().parse_args(["serve", "--model", str(tmp_path)]))
+    assert len(started) == 1
