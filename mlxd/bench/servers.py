@@ -214,13 +214,17 @@ class Server:
 
 def first_traceback(log: str) -> str:
     """The log's first Python traceback through its exception line: the cause, where a dying
-    server's later lines only repeat its effect ("generation thread died", session 27). A
-    native crash has none: then faulthandler's dump, every thread's stack (`fatal_error`)."""
+    server's later lines only repeat its effect ("generation thread died", session 27). After
+    a native crash, faulthandler's dump of every thread's stack follows it (`fatal_error`)."""
     lines = log.splitlines()
-    fatal = fatal_error(lines)
+    found = [part for part in (_python_traceback(lines), fatal_error(lines)) if part]
+    return "\n\n".join(found)
+
+
+def _python_traceback(lines: list[str]) -> str:
     start = next((i for i, line in enumerate(lines) if line.startswith("Traceback (most")), None)
     if start is None:
-        return fatal
+        return ""
     for end in range(start + 1, len(lines)):
         if lines[end] and not lines[end][0].isspace():
             return "\n".join(lines[start : end + 1])

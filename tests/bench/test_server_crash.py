@@ -74,3 +74,21 @@ def test_serve_starts_where_stderr_has_no_file(monkeypatch, tmp_path: Path) -> N
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     cli_serve.run(build_parser().parse_args(["serve", "--model", str(tmp_path)]))
     assert len(started) == 1
+
+
+def test_a_logged_failure_and_a_later_crash_both_come_back() -> None:
+    """A step failure the server logged, then a native crash: the record keeps the first
+    traceback (a cause) and the crash's dump (the death)."""
+    log = "\n".join([
+        "Traceback (most recent call last):",
+        '  File "turns.py", line 9, in _batch_turn',
+        "RuntimeError: [cuda] out of memory",
+        "INFO: still serving",
+        "Fatal Python error: Segmentation fault",
+        "",
+        "Current thread 0x2 (most recent call first):",
+        '  File "encoder.py", line 103 in _run',
+    ])  # fmt: skip
+    got = first_traceback(log).split("\n\n")
+    assert got[0].endswith("RuntimeError: [cuda] out of memory")
+    assert got[1].startswith("Fatal Python error") and got[-1].endswith("in _run")
