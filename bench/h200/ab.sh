@@ -20,6 +20,7 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
       2>&1 | grep -E "^\| [0-9]|round" | tee -a "$OUT/ab.txt"
     { python3 -m mlxd.bench.trace_report "$OUT/trace-$run.jsonl" \
       | grep -E "rows:|shared prefix|'batched'" || true; } | tee -a "$OUT/ab.txt"
+    python3 bench/h200/failed_rounds.py "$OUT/ab-$run.json" | tee -a "$OUT/ab.txt"
     i=$((i + 1))
   done
 done
