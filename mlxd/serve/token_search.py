@@ -1,6 +1,7 @@
 """Searches over a prompt's token list at C speed: list slices and `list.index` instead of a
 Python loop per token. A fleet's 32 prompts of ~4k tokens are built at once, one request's
-GIL-held work after another's (session 47: the per-token loops were ~1.4 ms a request)."""
+GIL-held work after another's (session 47 on the CPU: ~0.25 ms less a request, 32 built
+together 0.92x)."""
 
 from collections.abc import Sequence
 
