@@ -269,6 +269,28 @@ def test_a_long_prompt_with_no_cut_to_wait_for_is_held(loaded) -> None:
         engine.close()
 
 
+def test_a_failed_store_peek_holds_the_prompt_with_its_wave(loaded, monkeypatch, caplog) -> None:
+    """The store failing to answer whether it has the prompt: the request waits with its wave
+    as before the lead existed, the failure is logged, and the row still runs."""
+    tok = loaded[1]
+
+    def broken(*_: object) -> int:
+        raise RuntimeError("store down")
+
+    monkeypatch.setattr(PrefixStore, "peek", broken)
+    engine = _stored(loaded, Arrivals(30.0))
+    try:
+        with engine.arrivals.coming() as first, engine.arrivals.coming():
+            held = engine.submit(_long_req(_long(tok)), first)
+            time.sleep(0.3)
+            assert held.poll() is None and engine.stats()["waiting"] == 1
+        assert len(list(held)) == 4
+        assert "started ahead of its wave" not in engine.stats()["paths"]
+        assert "prefix store peek failed" in caplog.text
+    finally:
+        engine.close()
+
+
 def _fleet_turn(loaded, monkeypatch, lead: bool) -> tuple[list, dict]:
     """Three agents sharing a system prompt the store lacks (its cut where their prompts part):
     the first's request queues while the other two are still on their way. The first's system
