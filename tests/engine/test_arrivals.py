@@ -238,57 +238,43 @@ def test_a_long_prompt_the_store_lacks_starts_ahead_of_its_wave(loaded) -> None:
         engine.close()
 
 
-def test_mlxd_join_lead_0_holds_the_long_prompt_with_its_wave(loaded) -> None:
-    tok = loaded[1]
-    engine = _stored(loaded, Arrivals(30.0, lead=False))  # MLXD_JOIN_LEAD=0 in a server
+def _held_with_its_wave(loaded, arrivals: Arrivals, cut: bool = True) -> dict:
+    """A long prompt the store lacks, queued while another request is on its way: it waits
+    with its wave (not started ahead), then runs. The engine's paths."""
+    engine = _stored(loaded, arrivals)
     try:
         with engine.arrivals.coming() as first, engine.arrivals.coming():
-            held = engine.submit(_long_req(_long(tok)), first)
+            held = engine.submit(_long_req(_long(loaded[1]), cut=cut), first)
             time.sleep(0.3)
             assert held.poll() is None and engine.stats()["waiting"] == 1
         assert len(list(held)) == 4
         paths = engine.stats()["paths"]
-        assert paths["wave held for arrivals"] == 1 and "started ahead of its wave" not in paths
     finally:
         engine.close()
+    assert paths["wave held for arrivals"] == 1 and "started ahead of its wave" not in paths
+    return paths
+
+
+def test_mlxd_join_lead_0_holds_the_long_prompt_with_its_wave(loaded) -> None:
+    _held_with_its_wave(loaded, Arrivals(30.0, lead=False))  # MLXD_JOIN_LEAD=0 in a server
 
 
 def test_a_long_prompt_with_no_cut_to_wait_for_is_held(loaded) -> None:
     """Without a boundary snapshot, turns on their way could not wait for its prefill and
     would compute the shared part again: so it waits with its wave, as before."""
-    tok = loaded[1]
-    engine = _stored(loaded, Arrivals(30.0))
-    try:
-        with engine.arrivals.coming() as first, engine.arrivals.coming():
-            held = engine.submit(_long_req(_long(tok), cut=False), first)
-            time.sleep(0.3)
-            assert held.poll() is None and engine.stats()["waiting"] == 1
-        assert len(list(held)) == 4
-        assert "started ahead of its wave" not in engine.stats()["paths"]
-    finally:
-        engine.close()
+    _held_with_its_wave(loaded, Arrivals(30.0), cut=False)
 
 
 def test_a_failed_store_peek_holds_the_prompt_with_its_wave(loaded, monkeypatch, caplog) -> None:
     """The store failing to answer whether it has the prompt: the request waits with its wave
     as before the lead existed, the failure is logged, and the row still runs."""
-    tok = loaded[1]
 
     def broken(*_: object) -> int:
         raise RuntimeError("store down")
 
     monkeypatch.setattr(PrefixStore, "peek", broken)
-    engine = _stored(loaded, Arrivals(30.0))
-    try:
-        with engine.arrivals.coming() as first, engine.arrivals.coming():
-            held = engine.submit(_long_req(_long(tok)), first)
-            time.sleep(0.3)
-            assert held.poll() is None and engine.stats()["waiting"] == 1
-        assert len(list(held)) == 4
-        assert "started ahead of its wave" not in engine.stats()["paths"]
-        assert "prefix store peek failed" in caplog.text
-    finally:
-        engine.close()
+    _held_with_its_wave(loaded, Arrivals(30.0))
+    assert "prefix store peek failed" in caplog.text
 
 
 def _fleet_turn(loaded, monkeypatch, lead: bool) -> tuple[list, dict]:
