@@ -47,6 +47,12 @@ def _wants(rows: dict[int, BatchedRow]) -> Callable[[int], tuple[bool, int] | No
     return lookup
 
 
+def evaluates_after_step(gen: BatchGenerator) -> bool:
+    """mlx-lm 0.32's next() prefills a chunk on the calling thread after its decode step, on
+    the same stream, when rows wait or are prefilling."""
+    return bool(gen._unprocessed_sequences or len(gen._prompt_batch))
+
+
 class BatchedRows:
     """The batched rows of one engine (created when a second row joins)."""
 
@@ -207,9 +213,11 @@ class BatchedRows:
 
     def step(self) -> list[tuple[RequestHandle, TokenEvent | DoneEvent]]:
         """One BatchGenerator turn: a decode step for running rows, a prefill chunk for joiners."""
-        if self.gen._unprocessed_sequences:
-            self.gen.prefill_batch_size = wave_size(self.gen, *self.wave)
-        prompt_responses, responses = self.gen.next()
+        gen = self.gen
+        if gen._unprocessed_sequences:
+            gen.prefill_batch_size = wave_size(gen, *self.wave)
+        self.decode.settle_after = evaluates_after_step(gen)
+        prompt_responses, responses = gen.next()
         tic = parts.start()  # None unless a trace times the parts
         if prompt_responses or tic is not None:
             self.decode.settle()  # snapshots and the trace's syncs evaluate here

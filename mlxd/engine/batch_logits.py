@@ -63,6 +63,9 @@ class BiasedGenerationBatch(GenerationBatch):
     encoder: StepEncoder | None = None  # reads and queues the steps on its thread (encoder.py)
     thread_rows = step_order.THREAD_ROWS  # the encoder's floor (fewer rows: pipelined, here)
     _hot = False  # the last step was queued here and the rows have not changed since
+    # mlx-lm's next() prefills a joiner's chunk on this thread right after this step: the
+    # encoder's queue must be done first (BatchedRows.step)
+    settle_after = False
     # uid -> (logprob?, top k) when that row asked for logprob figures (its owner's lookup), and
     # the figures of the tokens the last step returned / the ones now computing (by uid: rows
     # move between steps)
@@ -157,6 +160,8 @@ class BiasedGenerationBatch(GenerationBatch):
             queue = [self._next_tokens, *self._next_logprobs, *reads]
             first = step_order.first_layers(self.prompt_cache, self.split) if self.split else []
             tokens = self.encoder.step(read, inputs, queue, first)
+            if self.settle_after:  # one command encoder a stream: not two threads inside it
+                self.encoder.settle()
             if clock is not None:
                 clock.mark("wait")
         else:

@@ -9,7 +9,8 @@ rows it holds in mlx-lm's pipelined order, and the graph is the same: the same b
 
 MLX keeps a stream's command encoder per thread; a thread-unsafe stream's is global, so both
 threads may encode on it, one at a time. The encoder runs one job at a time, and the engine
-thread calls `settle()` before anything of its own evaluates (joins, leaves, the store).
+thread calls `settle()` before anything of its own evaluates (joins, leaves, the store, and the
+prefill chunk mlx-lm's `next()` runs right after the step: `settle_after`, batch_logits.py).
 The thread is a pooled one (threads.py) that outlives the batch: a thread that ran MLX work
 and ended takes its thread-local streams and command encoders down with it.
 """

@@ -8,6 +8,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .batch import evaluates_after_step
 from .crossing import crossing
 from .handle import wake
 from .moves import last_row_out
@@ -196,7 +197,7 @@ class Turns:
         """The next turn is a decode step of running batches and nothing else."""
         if self._forks or self._serial is not None or not self._batches:
             return False
-        return not any(b.gen._unprocessed_sequences for b in self._batches.values())
+        return not any(evaluates_after_step(b.gen) for b in self._batches.values())
 
     def _settle(self) -> None:
         """Every batch's last step queued by its encoder thread (`--step-order thread`)."""

@@ -270,3 +270,62 @@ def test_the_encoders_thread_outlives_its_batch() -> None:
     assert first._thread.is_alive() and second._thread.is_alive()
     assert second._thread in before  # an idle pooled thread, taken again: none started
     assert second._thread.name != encoder_mod.NAME
+
+
+def test_a_joiners_prefill_waits_for_the_encoder(
+    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mlx-lm's BatchGenerator.next() steps the running rows, then prefills a joiner's chunk on
+    the same stream: with the step's rest still being queued on the encoder's thread, both
+    threads would be inside the stream's one command encoder (on MLX-CUDA with graphs on, its
+    graph state). Each chunk's evaluation on the engine thread starts after the encoder's queue
+    ends (here held 20 ms), and the rows get the default order's tokens and logprobs."""
+    real_eval, real_async = mx.eval, mx.async_eval
+    spans: list[tuple[float, float, str]] = []
+
+    def timed(real: Callable[..., Any], hold: float) -> Callable[..., Any]:
+        def call(*arrays: Any) -> Any:
+            t0 = time.perf_counter()
+            out = real(*arrays)
+            who = threading.current_thread().name
+            if who == encoder_mod.NAME:
+                time.sleep(hold)  # a long encode: the engine thread goes on meanwhile
+            spans.append((t0, time.perf_counter(), who))
+            return out
+
+        return call
+
+    model, tok = _load(tiny_model)
+    eos = frozenset(tok.eos_token_ids)
+    long = tok.encode(" ".join(TEXTS * 4))  # a joiner prefilled in several chunks
+
+    def run(config: BatchConfig) -> list[list[tuple[int, Any]]]:
+        reqs = [
+            GenerationRequest(prompt=mx.array(tok.encode(t)), max_tokens=16, stop_token_ids=eos)
+            for t in TEXTS
+        ]
+        engine = Engine(model, batch_config=config)
+        try:
+            handles = engine.submit_many(reqs)
+            first = iter(handles[0])
+            head = [next(first) for _ in range(3)]
+            late = engine.submit(GenerationRequest(prompt=mx.array(long), max_tokens=6))
+            rows = [head + list(first)] + [list(h) for h in handles[1:]] + [list(late)]
+        finally:
+            engine.close()
+        return [[(e.token, e.logprobs) for e in r] for r in rows]
+
+    ref = run(BatchConfig(8, 8, 8))
+    encoder_mod.stream()  # made before the stand-ins below replace mx's calls
+    monkeypatch.setattr(encoder_mod, "mx", SimpleNamespace(
+        eval=timed(real_eval, 0.0), async_eval=timed(real_async, 0.02)
+    ))  # fmt: skip
+    monkeypatch.setattr(mx, "eval", timed(real_eval, 0.0))
+    monkeypatch.setattr(mx, "async_eval", timed(real_async, 0.0))
+    got = run(BatchConfig(8, 8, 8, step_order="thread", thread_rows=1))
+    assert_same_outputs(got, ref)
+    encoder = [(a, b) for a, b, who in spans if who == encoder_mod.NAME]
+    engine = [(a, b) for a, b, who in spans if who == "mlxd-engine"]  # the loop's thread
+    assert len(encoder) >= 10 and len(engine) >= len(long) // 8  # the joiner's chunks
+    overlaps = [(e, q) for e in engine for q in encoder if e[0] < q[1] and q[0] < e[1]]
+    assert overlaps == []
