@@ -80,8 +80,9 @@ def engine_group(p: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         choices=("on", "off"),
         default="on",
-        help="MLX-CUDA's graph capture (MLX_USE_CUDA_GRAPHS): off made 32 batched rows of an 8B "
-        "model decode 1.5x faster on an H200 and one lone row slower (docs/performance.md)",
+        help="MLX-CUDA's graph capture (MLX_USE_CUDA_GRAPHS): on is faster for a lone row and, "
+        "with the thread step order, for 32 rows too (1.01-1.03x off's tok/s on an H100, "
+        "session 48); off was faster at 32 rows before that order (docs/cli.md)",
     )
     g.add_argument(
         "--cudnn-attention",

@@ -16,6 +16,7 @@ from mlxd.bench import (
     probe_graphs,
     probe_handoff,
     probe_join,
+    probe_join_race,
     probe_matmul,
     probe_overhead,
     probe_sampling,
@@ -394,3 +395,24 @@ def test_probe_new_rows_times_first_and_warm_steps_per_pass(capsys) -> None:
     leave = r"; a layer's leave from 4: +[\d.]+ ms, equal True; every layer's: +[\d.]+ ms$"
     for x in lines:  # leaves below the top row count, at the first context only
         assert re.search(step + (leave if "rows   2 keys    24" in x else "$"), x), x
+
+
+@pytest.mark.parametrize("unsettled", [False, True])
+def test_probe_join_race_counts_the_steps_at_risk_and_puts_the_engine_back(
+    capsys, unsettled: bool
+) -> None:
+    """Joiners prefilled in chunks while 16 rows step on the encoder: a line per cycle with the
+    steps at risk (a step handed to the encoder with a prefill after it), and the engine's own
+    rule restored after the run, whichever way it ran."""
+    from mlxd.engine import batch, turns
+
+    real = batch.evaluates_after_step
+    args = ["--shape", "qwen3-host", "--cycles", "2", "--running", "16", "--joining", "2"]
+    args += ["--short", "8", "--long", "40", "--step-size", "16", "--gen", "8"]
+    probe_join_race.main([*args, *(["--unsettled"] if unsettled else [])])
+    lines = capsys.readouterr().out.splitlines()
+    mode = "unsettled" if unsettled else "settled"
+    risks = [int(m.group(1)) for x in lines if (m := re.search(r"steps at risk (\d+)", x))]
+    assert [x.split(":")[0] for x in lines] == [f"{mode} cycle 0", f"{mode} cycle 1", mode]
+    assert 0 < risks[0] < risks[1]  # counted in each cycle
+    assert batch.evaluates_after_step is real and turns.evaluates_after_step is real
