@@ -22,6 +22,7 @@ from ..engine import batch, turns
 from ..engine.batch_row import BatchConfig
 from ..engine.engine import Engine
 from ..engine.request import GenerationRequest
+from ..engine.step_order import THREAD_ROWS
 from ..model.folded_attention import MODES, is_fused
 from ..model.fused_projections import stack_in_place
 from .models import build_random
@@ -75,7 +76,7 @@ def _run(a: argparse.Namespace, mode: str) -> None:
     rows = a.running + a.joining
     config = BatchConfig(
         rows, 8, a.step_size, attention=a.attention, clear_cache=False,
-        step_order="thread", thread_rows=16,
+        step_order="thread", thread_rows=THREAD_ROWS,
     )  # fmt: skip
     engine = Engine(bm.model, batch=rows, batch_config=config)
     rng = random.Random(0)
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
     mode = "unsettled" if a.unsettled else "settled"
     RACES[0] = 0
-    undo = _count(a.unsettled, 16)
+    undo = _count(a.unsettled, THREAD_ROWS)
     try:
         _run(a, mode)
     finally:

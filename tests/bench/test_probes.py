@@ -401,13 +401,15 @@ def test_probe_new_rows_times_first_and_warm_steps_per_pass(capsys) -> None:
 def test_probe_join_race_counts_the_steps_at_risk_and_puts_the_engine_back(
     capsys, unsettled: bool
 ) -> None:
-    """Joiners prefilled in chunks while 16 rows step on the encoder: a line per cycle with the
-    steps at risk (a step handed to the encoder with a prefill after it), and the engine's own
-    rule restored after the run, whichever way it ran."""
+    """Joiners prefilled in chunks while the encoder's floor of rows steps on it: a line per
+    cycle with the steps at risk (a step handed to the encoder with a prefill after it), and the
+    engine's own rule restored after the run, whichever way it ran."""
     from mlxd.engine import batch, turns
+    from mlxd.engine.step_order import THREAD_ROWS
 
     real = batch.evaluates_after_step
-    args = ["--shape", "qwen3-host", "--cycles", "2", "--running", "16", "--joining", "2"]
+    args = ["--shape", "qwen3-host", "--cycles", "2", "--running", str(THREAD_ROWS)]
+    args += ["--joining", "2"]
     args += ["--short", "8", "--long", "40", "--step-size", "16", "--gen", "8"]
     probe_join_race.main([*args, *(["--unsettled"] if unsettled else [])])
     lines = capsys.readouterr().out.splitlines()
