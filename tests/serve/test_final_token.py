@@ -11,7 +11,7 @@ from mlxd.engine.output import RowOutput
 from mlxd.engine.request import GenerationRequest
 
 
-def test_the_last_frame_is_sent_while_the_cache_is_still_being_stored(make_server) -> None:
+def test_the_last_frame_is_sent_before_the_cache_is_stored(make_server) -> None:
     live = make_server()
     engine = live.state.provider.default.engine
     storing, release, stored = threading.Event(), threading.Event(), threading.Event()
