@@ -18,14 +18,14 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
       --agents "$agents" --turns 2 --warmup 8 --max-tokens 256 --system-tokens 3600 \
       --batch "${BATCH:-32}" --mlxd-args "$extra" --only mlxd --json "$OUT/ab-$run.json" \
       2>&1 | grep -E "^\| [0-9]|round" | tee -a "$OUT/ab.txt"
-    { python3 -m mlxd.bench.trace_report "$OUT/trace-$run.jsonl" \
+    { python3 -m bench.probes.trace_report "$OUT/trace-$run.jsonl" \
       | grep -E "rows:|shared prefix|'batched'" || true; } | tee -a "$OUT/ab.txt"
     python3 bench/h200/failed_rounds.py "$OUT/ab-$run.json" | tee -a "$OUT/ab.txt"
     i=$((i + 1))
   done
 done
 # At most 8 files come back from a call: the traces and the JSONs travel as one archive each
-# (session 24 lost 5 of 6 traces).
+# (sent as a file per trace, 5 of 6 were lost).
 cd "$OUT"
 for kind in trace ab; do
   ext=$([ $kind = trace ] && echo jsonl || echo json)

@@ -12,7 +12,7 @@ for pass in $(seq "${PASSES:-1}"); do
   for shape in ${PROBE_SHAPES:-qwen3-0.6b qwen3-8b}; do
     for s in "${settings[@]}"; do
       echo "=== pass $pass $shape $s"
-      env $s timeout 120 python3 -m mlxd.bench.probe_compile --shape "$shape" --rows 1 8 32 \
+      env $s timeout 120 python3 -m bench.probes.probe_compile --shape "$shape" --rows 1 8 32 \
         --context 4096 --steps 64 --growing-only 2>&1 | tail -3
     done
   done

@@ -16,9 +16,9 @@ M=$(model_dir qwen3-0.6b)
   done
 } > "$OUT/topology.txt" 2>&1
 cat "$OUT/topology.txt" | head -80
-MLX_USE_CUDA_GRAPHS=0 python3 -m mlxd.bench.probe_cores --shape qwen3-0.6b --rows 1 32 \
+MLX_USE_CUDA_GRAPHS=0 python3 -m bench.probes.probe_cores --shape qwen3-0.6b --rows 1 32 \
   --context 4096 --steps 20 --passes 3 | tee "$OUT/cores.txt"
 for si in "" 0.001; do
-  python3 -m mlxd.bench.probe_http --model "$M" --streams 32 --tokens 256 --step-ms 10 \
+  python3 -m bench.probes.probe_http --model "$M" --streams 32 --tokens 256 --step-ms 10 \
     ${si:+--switch-interval $si} | tee -a "$OUT/http.txt"
 done

@@ -7,7 +7,7 @@
 set -uo pipefail
 source bench/h200/setup.sh || exit 1
 bash bench/h200/cuda_tests.sh tests/model/test_row_gemv.py | tail -6
-probe() { python3 -m mlxd.bench.probe_ops --context 4096 --steps 4 --alternate 30 "$@" | tee -a "$OUT/gemv.txt"; }
+probe() { python3 -m bench.probes.probe_ops --context 4096 --steps 4 --alternate 30 "$@" | tee -a "$OUT/gemv.txt"; }
 export MLXD_GEMV_ROWS=32
 probe --shape qwen3-0.6b --rows ${ROWS:-2 8 16 32} --modes folded+fused folded+fused+gemv
 unset MLXD_GEMV_ROWS

@@ -22,7 +22,7 @@ for _ in generate_step(prompt, bm.model, max_tokens=6):
 print("serial: 4,096-token prompt, 6 tokens (the dumps hold the prefill too)")
 PY
   else
-    MLX_SAVE_CUDA_GRAPHS_DOT_FILE="$d/g" python3 -m mlxd.bench.probe_ops --shape "$shape" \
+    MLX_SAVE_CUDA_GRAPHS_DOT_FILE="$d/g" python3 -m bench.probes.probe_ops --shape "$shape" \
       --rows "$rows" --context 4096 --steps 4 --modes folded+fused
   fi
   echo "== $rows rows: $(ls "$d" | wc -l) graphs dumped; cluster shapes in kernel names:"

@@ -13,7 +13,7 @@ while read -r cached new; do
     for caches in ${CACHES:-mlx mlxd}; do
       echo "== $shape, $rows rows, $new new over $cached cached, cuDNN attention $cudnn," \
         "$caches caches" | tee -a "$OUT/join-kernels.txt"
-      MLX_CUDA_USE_CUDNN_SDPA=$cudnn timeout "${JOIN_TIMEOUT:-200}" python3 -m mlxd.bench.probe_join \
+      MLX_CUDA_USE_CUDNN_SDPA=$cudnn timeout "${JOIN_TIMEOUT:-200}" python3 -m bench.probes.probe_join \
         --shape "$shape" --rows "$rows" --cached "$cached" --new "$new" --caches "$caches" \
         --attention "${ATTENTION:-folded+fused}" --kernels --top "${TOP:-15}" 2>&1 \
         | grep -v Warning | tee -a "$OUT/join-kernels.txt"

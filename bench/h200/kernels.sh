@@ -18,7 +18,7 @@ qwen3-8b 32 folded+fused 1
 qwen3-8b 1 mlx 1
 qwen3-8b 1 mlx 1 fused"}
 while read -r shape rows mode graphs fused; do
-  MLX_USE_CUDA_GRAPHS=$graphs timeout "${KERNEL_TIMEOUT:-150}" python3 -m mlxd.bench.probe_kernels \
+  MLX_USE_CUDA_GRAPHS=$graphs timeout "${KERNEL_TIMEOUT:-150}" python3 -m bench.probes.probe_kernels \
     --shape "$shape" --rows "$rows" --modes "$mode" --sequence "${SEQUENCE:-36}" \
     ${fused:+--fuse} 2>&1 \
     | grep -v Warning | tee -a "$OUT/kernels.txt"

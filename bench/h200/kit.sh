@@ -20,7 +20,7 @@ rm -rf "$tmp"
 # pytest for cuda_tests.sh, installed there only where the device image lacks it.
 rm -rf .whlT && python3 -m pip download -q --no-deps --only-binary=:all: -d .whlT \
   pytest==9.0.3 pluggy==1.7.0 iniconfig==2.3.1 packaging==26.4 pygments==2.21.0 gguf==0.19.0  # gguf: smollm2 parity
-# The OpenAI SDK, the live-server tests' client (session 44's image lacked it): 3.4 MiB.
+# The OpenAI SDK, the live-server tests' client (the device image may lack it): 3.4 MiB.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .whlT openai==3.63.0 \
   httpx==0.29.0 httpcore==1.0.9 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1 distro==1.9.0 \

@@ -6,10 +6,10 @@
 set -uo pipefail
 source bench/h200/setup.sh || exit 1
 for shape in ${1:-qwen3-0.6b qwen3-8b}; do
-  MLX_USE_CUDA_GRAPHS=0 timeout 150 python3 -m mlxd.bench.probe_kernels --shape "$shape" \
+  MLX_USE_CUDA_GRAPHS=0 timeout 150 python3 -m bench.probes.probe_kernels --shape "$shape" \
     --rows 32 --modes folded+fused folded+fused/contiguous-mask --top 8 2>&1 | grep -v Warning \
     | tee -a "$OUT/mask.txt"
-  MLX_USE_CUDA_GRAPHS=0 timeout 200 python3 -m mlxd.bench.probe_ops --shape "$shape" --rows 32 \
+  MLX_USE_CUDA_GRAPHS=0 timeout 200 python3 -m bench.probes.probe_ops --shape "$shape" --rows 32 \
     --modes folded+fused folded+fused/contiguous-mask --steps 10 --alternate "${BLOCKS:-20}" 2>&1 \
     | grep -v Warning | tee -a "$OUT/mask.txt"
 done

@@ -5,8 +5,8 @@
 set -euo pipefail
 source bench/h200/setup.sh
 M=$(model_dir qwen3-0.6b)
-python3 -m mlxd.bench.probe_ops --shape qwen3-0.6b --rows 1 32 --context 4096 | tee "$OUT/ops-graphs-on.txt"
-MLX_USE_CUDA_GRAPHS=0 python3 -m mlxd.bench.probe_ops --shape qwen3-0.6b --rows 1 32 \
+python3 -m bench.probes.probe_ops --shape qwen3-0.6b --rows 1 32 --context 4096 | tee "$OUT/ops-graphs-on.txt"
+MLX_USE_CUDA_GRAPHS=0 python3 -m bench.probes.probe_ops --shape qwen3-0.6b --rows 1 32 \
   --context 4096 | tee "$OUT/ops-graphs-off.txt"
 python3 -m mlxd bench serve --model "$M" --agents 32 --turns 2 --warmup 8 --max-tokens 256 \
   --system-tokens 3600 --batch 32 --rounds 3 --only mlxd \

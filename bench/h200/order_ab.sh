@@ -15,7 +15,7 @@ graphs=1
 [[ "$extra" == *"--cuda-graphs off"* ]] && graphs=0
 mode=$(echo "$extra" | grep -oE 'attention [a-z+]+' | cut -d' ' -f2)
 if [ "${KERNELS:-1}" != 0 ]; then
-  MLX_USE_CUDA_GRAPHS=$graphs python3 -m mlxd.bench.probe_kernels --shape "$shape" --rows 32 \
+  MLX_USE_CUDA_GRAPHS=$graphs python3 -m bench.probes.probe_kernels --shape "$shape" --rows 32 \
     --modes "${mode:-mlx}" --orders ${ORDERS:-pipelined wait split} --repeat 2 --top 6 2>&1 | grep -v -i warn \
     | tee "$OUT/order-kernels-$shape.txt"
 fi

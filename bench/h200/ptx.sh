@@ -18,7 +18,7 @@ run() {
     --mlxd-args "--batched-attention folded+fused --cuda-graphs off --switch-interval engine" \
     --only mlxd --json "$OUT/j-$tag.json" 2>&1 | grep -E "round [0-9]"
   kill $P
-  python3 -m mlxd.bench.trace_report "$OUT/trace-$tag.jsonl" --stall 0.03 \
+  python3 -m bench.probes.trace_report "$OUT/trace-$tag.jsonl" --stall 0.03 \
     | grep -E -A1 "prompt [1-9]|rows:" | grep -v "^--" >"$OUT/joins-$tag.txt"
   grep -E "parts|rows:" "$OUT/joins-$tag.txt" | head -30
   gzip "$OUT/trace-$tag.jsonl"

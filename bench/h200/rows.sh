@@ -7,7 +7,7 @@
 set -uo pipefail
 source bench/h200/setup.sh || exit 1
 bash bench/h200/cuda_tests.sh tests/model/test_rows_step.py tests/model/test_folded_attention.py | tail -6
-probe() { python3 -m mlxd.bench.probe_ops --context 4096 "$@" | tee -a "$OUT/rows.txt"; }
+probe() { python3 -m bench.probes.probe_ops --context 4096 "$@" | tee -a "$OUT/rows.txt"; }
 probe --shape qwen3-0.6b --rows 32 --steps 10 --modes folded+fused/3d folded+fused | cut -c1-200
 probe --shape qwen3-0.6b --rows ${ROWS:-8 32} --steps 4 --alternate 20 --modes folded+fused/3d folded+fused
 probe --shape qwen3-0.6b --rows 8 --steps 4 --alternate 20 --modes folded+fused+gemv/3d folded+fused+gemv

@@ -8,9 +8,9 @@ set -euo pipefail
 source bench/h200/setup.sh
 for shape in ${1:-qwen3-0.6b qwen3-8b}; do
   echo "== $shape, 512-token prompt, 128 tokens a round" | tee -a "$OUT/rows1.txt"
-  python3 -m mlxd.bench.probe_overhead --shape "$shape" --rounds "${ROUNDS:-12}" \
+  python3 -m bench.probes.probe_overhead --shape "$shape" --rounds "${ROUNDS:-12}" \
     --prompt-tokens 512 --gen-tokens 128 2>&1 | tee -a "$OUT/rows1.txt"
 done
 # The mlx mode's batched step, mlx-lm's 3-D step against mlxd's over rows, alternated by block.
-python3 -m mlxd.bench.probe_ops --shape qwen3-0.6b --rows 2 8 --context 1024 --steps 10 \
+python3 -m bench.probes.probe_ops --shape qwen3-0.6b --rows 2 8 --context 1024 --steps 10 \
   --modes mlx/3d mlx --alternate 20 2>&1 | tee -a "$OUT/rows1.txt"

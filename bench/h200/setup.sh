@@ -14,7 +14,7 @@ export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 mkdir -p /tmp/tok && tar -C /tmp/tok -xJf /root/whl/tok.tar.xz
 model_dir() {  # model_dir SHAPE -> /root/SHAPE-random (written once per machine)
   local d=/root/$1-random
-  [ -f "$d/config.json" ] || python3 -m mlxd.bench.random_model "$d" --shape "$1" --tokenizer /tmp/tok >&2
+  [ -f "$d/config.json" ] || python3 -m bench.probes.random_model "$d" --shape "$1" --tokenizer /tmp/tok >&2
   echo "$d"
 }
 env_ab() {  # env_ab VAR "VALUES" TXT MODEL BENCH_ARGS...: mlxd alone, ROUNDS (default 2)
@@ -34,7 +34,7 @@ env_ab() {  # env_ab VAR "VALUES" TXT MODEL BENCH_ARGS...: mlxd alone, ROUNDS (d
         --model "$model" "$@" --only mlxd --seed "$round" --json "$OUT/env-$run.json" \
         2>&1 | grep -E "^\| [0-9]|round" | tee -a "$txt"
       [ -f "$OUT/kernels-$run.txt" ] && tee -a "$txt" < "$OUT/kernels-$run.txt" && rm "$OUT/kernels-$run.txt"
-      python3 -m mlxd.bench.trace_report "$OUT/trace-$run.jsonl" | grep -E "rows:|leaving|'batched'|held|ahead|requests:" \
+      python3 -m bench.probes.trace_report "$OUT/trace-$run.jsonl" | grep -E "rows:|leaving|'batched'|held|ahead|requests:" \
         | tee -a "$txt" || true
     done
   done

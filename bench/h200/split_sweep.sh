@@ -10,7 +10,7 @@ for rep in $(seq 1 "${REPEAT:-2}"); do
   for split in ${SPLITS:-0.33 0.5 0.67 1}; do
     echo "== split $split, repeat $rep" | tee -a "$OUT/split-sweep.txt"
     MLXD_STEP_SPLIT=$split MLX_USE_CUDA_GRAPHS=0 timeout "${SWEEP_TIMEOUT:-120}" \
-      python3 -m mlxd.bench.probe_kernels --shape "$shape" --rows "$rows" \
+      python3 -m bench.probes.probe_kernels --shape "$shape" --rows "$rows" \
       --modes "${MODE:-folded+fused}" --orders thread --steps "${STEPS:-20}" --top 8 2>&1 \
       | grep -v Warning | tee -a "$OUT/split-sweep.txt"
   done

@@ -14,12 +14,12 @@ graphs=1
 model=$(model_dir "$shape")
 for pass in $(seq "${PASSES:-2}"); do
   echo "== pass $pass: $shape, $args" | tee -a "$OUT/stepgap.txt"
-  MLX_USE_CUDA_GRAPHS=$graphs python3 -m mlxd.bench.probe_ops --shape "$shape" --rows 32 \
+  MLX_USE_CUDA_GRAPHS=$graphs python3 -m bench.probes.probe_ops --shape "$shape" --rows 32 \
     --context 4096 --modes "${mode:-mlx}" | cut -c1-110 | tee -a "$OUT/stepgap.txt"
   MLXD_TRACE="$OUT/trace-$pass.jsonl" python3 -m mlxd bench serve --model "$model" --agents 32 \
     --turns 2 --warmup 8 --max-tokens 256 --system-tokens 3600 --batch 32 --mlxd-args "$args" \
     --only mlxd 2>&1 | grep -E "^\| 32" | tee -a "$OUT/stepgap.txt"
-  python3 -m mlxd.bench.trace_report "$OUT/trace-$pass.jsonl" | grep -E "^ +32 rows" \
+  python3 -m bench.probes.trace_report "$OUT/trace-$pass.jsonl" | grep -E "^ +32 rows" \
     | tee -a "$OUT/stepgap.txt"
 done
 gzip -9 "$OUT"/trace-*.jsonl

@@ -2,7 +2,7 @@
 # store_ab.sh SHAPE AGENTS "MLXD_ARGS": the mixed-length fleet (--min-tokens MIN, default 128, of
 # 256: rows end apart, each ending row's cache goes to the prefix store), mlxd alone, with the
 # store scheduling an entry's arrays (mx.async_eval, HEAD) against waiting for them (mx.eval,
-# session 30's runs: a copy of the tree with that one call changed), ROUNDS (default 2)
+# as a copy of the tree with that one call changed), ROUNDS (default 2)
 # alternations of one round each, MLXD_TRACE: decode-step and rows-leaving lines in store-ab.txt.
 set -euo pipefail
 source bench/h200/setup.sh
@@ -20,7 +20,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       --min-tokens "${MIN:-128}" --system-tokens 3600 --batch "${BATCH:-32}" --mlxd-args "$extra" \
       --only mlxd --seed "$round" --json "$OUT/sa-$way-$round.json" 2>&1 \
       | grep -E "^\| [0-9]|round [0-9]" | tee -a "$OUT/store-ab.txt")  # -m puts the cwd first
-    python3 -m mlxd.bench.trace_report "$OUT/trace-$way-$round.jsonl" \
+    python3 -m bench.probes.trace_report "$OUT/trace-$way-$round.jsonl" \
       | grep -E "rows leaving|^ +(32|31|30|16) rows" | tee -a "$OUT/store-ab.txt" || true
   done
 done

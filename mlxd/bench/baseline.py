@@ -1,5 +1,5 @@
 """`mlxd bench serve --baseline`: mlx-lm's `generate_step` alone (raw_step.py, in its own
-process) as the bound for a lone agent's ITL (issue 6, point 1), run just before each timed
+process) as the bound for a lone agent's ITL (raw_step.py), run just before each timed
 one-agent round of each server while that server idles. Each round of a server so has a bound
 measured seconds away, not a run away: the H200's step speed moves by 20-60% between stretches
 of a minute (docs/performance.md), and figures pooled over a whole run mix those stretches."""
@@ -31,7 +31,8 @@ def run_baseline(args: Any, model: Path) -> dict[str, Any]:
 
 def failure_reason(stderr: str) -> str:
     """A failed run's last line, and what to do where the server beside it held the memory
-    (an MLX server's buffer cache grows to most of a card: session 38, on an 80 GB H100)."""
+    (an MLX server's buffer cache grows to most of a card: on an 80 GB H100 every generate_step
+    run beside an idle server ran out of memory)."""
     lines = [x.strip() for x in stderr.splitlines() if x.strip()]
     last = lines[-1] if lines else "no output"
     if "out of memory" in stderr.lower():
@@ -72,7 +73,7 @@ def paired_ratios(side_data: dict[str, Any], engine: bool = False) -> list[float
 
 
 def baseline_line(result: dict[str, Any]) -> str:
-    """One agent's ITL p50 through each server against generate_step's (issue 6, point 1): the
+    """One agent's ITL p50 through each server against generate_step's (its bound): the
     ratio of medians, and the median [min-max] of the per-round paired ratios."""
     base, one = result.get("baseline"), result.get("summary", {}).get("1")
     if not base or "itl_p50_ms" not in base or one is None:

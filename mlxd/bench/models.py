@@ -18,7 +18,7 @@ _QWEN3 = dict(
     rms_norm_eps=1e-6,
     rope_theta=1000000.0,
     max_position_embeddings=40960,
-    bos_token_id=151643,  # the Qwen3 tokenizer's, for folders written by random_model
+    bos_token_id=151643,  # the Qwen3 tokenizer's, for bench/probes/random_model.py's folders
     eos_token_id=151645,
 )
 _LLAMA3 = dict(
@@ -193,36 +193,6 @@ class NullTokenizer(TokenizerWrapper):
     @property
     def bos_token(self) -> None:
         return None
-
-
-def stream_parser(doc: str, rounds: int, prompt_tokens: int, gen_tokens: int) -> Any:
-    """The single-stream probes' command line: --shape, --rounds, --prompt-tokens, --gen-tokens."""
-    import argparse
-
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-host")
-    p.add_argument("--rounds", type=int, default=rounds)
-    p.add_argument("--prompt-tokens", type=int, default=prompt_tokens)
-    p.add_argument("--gen-tokens", type=int, default=gen_tokens)
-    return p
-
-
-def rows_parser(doc: str, shape: str, rows: list[int]) -> Any:
-    """The batched-step probes' command line: --shape and --rows (row counts to time)."""
-    import argparse
-
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default=shape)
-    p.add_argument("--rows", type=int, nargs="+", default=rows)
-    return p
-
-
-def attention_dims(shape: str) -> tuple[int, int, int, int]:
-    """(query heads, KV heads, head dim, layers) of a shape."""
-    c = SHAPES[shape]
-    heads = c["num_attention_heads"]
-    D = c.get("head_dim") or c["hidden_size"] // heads
-    return heads, c["num_key_value_heads"], D, c["num_hidden_layers"]
 
 
 def build_random(shape: str, dtype: str, seed: int = 0) -> BenchModel:

@@ -1,6 +1,6 @@
 """mlx-lm's `generate_step` alone on a fleet agent's first turn: the bound that a lone agent's
-inter-token latency through a server is measured against (issue 6, point 1: mlxd serve's
-ITL <= 1.05x generate_step's on the same machine).
+inter-token latency through a server is measured against (the target: mlxd serve's ITL <=
+1.05x generate_step's on the same machine).
 
     python -m mlxd.bench.raw_step --model M --prompt-tokens 3630 --gen-tokens 256 --rounds 3
 

@@ -214,7 +214,7 @@ class Server:
 
 def first_traceback(log: str) -> str:
     """The log's first Python traceback through its exception line: the cause, where a dying
-    server's later lines only repeat its effect ("generation thread died", session 27). After
+    server's later lines only repeat its effect ("generation thread died"). After
     a native crash, faulthandler's dump of every thread's stack follows it (`fatal_error`)."""
     lines = log.splitlines()
     found = [part for part in (_python_traceback(lines), fatal_error(lines)) if part]

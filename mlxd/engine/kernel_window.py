@@ -104,7 +104,7 @@ class KernelWindow(NoWindow):
         import tempfile
 
         # The trace reading is probe_kernels' (a bench tool; imported only when a window closes).
-        from ..bench.probe_kernels import kernels, summarize
+        from .kernel_profile import kernels, summarize
 
         with tempfile.TemporaryDirectory() as tmp:
             trace = os.path.join(tmp, "trace.json")

@@ -267,7 +267,8 @@ def test_the_server_is_paired_with_mlxds_engine_alone_round_by_round() -> None:
     line = baseline_line(result)
     assert "mlxd's engine alone 4.50 ms = 0.750x" in line  # 4.5 over the pooled 6.0
     assert "through the server against it, per round 1.100x [1.100-1.100]" in line
-    old = [{k: v for k, v in b.items() if k != "engine"} for b in bases]  # before session 39
+    # a record written before the bound timed the engine alone
+    old = [{k: v for k, v in b.items() if k != "engine"} for b in bases]
     assert "engine" not in pooled_baseline(old)
     assert "engine alone" not in baseline_line(result | {"baseline": pooled_baseline(old)})
 
@@ -395,8 +396,8 @@ def test_an_error_frame_counts_as_the_requests_error() -> None:
 
 
 def test_a_round_with_errors_keeps_the_servers_log_tail() -> None:
-    """A failed round carries the server's last log lines in its record (session 26's 8B
-    failure came back with no cause); a clean round does not."""
+    """A failed round carries the server's last log lines in its record (an 8B failure once
+    came back with no cause); a clean round does not."""
     from types import SimpleNamespace
 
     from mlxd.bench.fleet import Workload
@@ -464,7 +465,7 @@ def test_the_capping_wrapper_sets_mlxs_cache_limit_then_runs_the_module(tmp_path
 
 
 def test_a_failed_bound_says_why_and_the_side_is_not_called_paired() -> None:
-    """Session 38 on an 80 GB H100: every generate_step run beside mlxd's idle server ran out
+    """On an 80 GB H100 every generate_step run beside mlxd's idle server ran out
     of memory, and the line read as if mlxd had been paired."""
     from mlxd.bench.baseline import baseline_line, failure_reason
 

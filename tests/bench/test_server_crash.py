@@ -1,6 +1,6 @@
 """A server that dies of a native crash: `mlxd serve` has faulthandler print every thread's
 stack, and the bench's record of the failed round carries that dump and the exit status
-(session 47's fleet lost its 32 streams to a crash that left no trace in the log)."""
+(a fleet once lost its 32 streams to a crash that left no trace in the log)."""
 
 import signal
 import sys

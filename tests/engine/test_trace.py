@@ -94,7 +94,7 @@ def test_a_shared_prefix_batch_says_so_and_the_report_counts_it(
     model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In a +shared mode the batch's trace entry carries the prefix it holds once."""
-    from mlxd.bench.trace_report import load, report
+    from bench.probes.trace_report import load, report
     from mlxd.engine.batch import BatchConfig
 
     path = tmp_path / "trace.jsonl"
@@ -118,7 +118,7 @@ def _untraced_then_traced(
 ) -> list[dict[str, Any]]:
     """Rows of (prompt length, max_tokens) through a fresh engine, untraced then traced: the
     same tokens both times (and every row its max_tokens); the trace's lines."""
-    from mlxd.bench.trace_report import load
+    from bench.probes.trace_report import load
 
     def run() -> list[list[int]]:
         engine = make()
@@ -144,7 +144,7 @@ def test_a_join_has_its_parts_and_a_decode_turn_none(
     """Rows joining together (the buffer-keeping prefill CUDA runs): their turn's line says
     what the merge, the padded forward and the roll took and the padded shape; the turn moving
     them to decoding, its first step; a plain decode turn has no parts. Same tokens as untraced."""
-    from mlxd.bench.trace_report import report
+    from bench.probes.trace_report import report
     from mlxd.engine import trace_parts
     from mlxd.engine.batch import BatchConfig
 
@@ -170,7 +170,7 @@ def test_rows_leaving_have_their_parts(
     """Rows of different lengths leave the batch on different steps: each such turn's line
     times the step queued before mlx-lm's filter, the filter's copies and the finished row's
     cache into the prefix store, and trace_report sums them. Same tokens as untraced."""
-    from mlxd.bench.trace_report import report
+    from bench.probes.trace_report import report
     from mlxd.engine.batch import BatchConfig
     from mlxd.store import PrefixStore
 

@@ -16,7 +16,7 @@ import pytest
 from fixtures.batch_oracle import assert_same_outputs
 from mlx_lm.generate import BatchGenerator
 
-from mlxd.bench.probe_join import restored
+from bench.probes.probe_join import restored
 from mlxd.engine.batch import BatchedRows
 from mlxd.engine.batch_row import BatchConfig
 from mlxd.kv import additive_mask, batch_roll

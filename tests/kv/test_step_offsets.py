@@ -8,7 +8,7 @@ import mlx.core as mx
 from fixtures.folded_models import PROMPTS, qwen2_model
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
-from mlxd.bench.probe_ops import primitives
+from bench.probes.probe_ops import primitives
 from mlxd.kv import step_offsets
 from mlxd.model import folded_attention as fa
 

@@ -19,7 +19,7 @@ from fixtures.folded_models import (
 )
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from mlxd.bench.probe_ops import VIEWS, primitives
+from bench.probes.probe_ops import VIEWS, primitives
 from mlxd.engine.batch import BatchConfig
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest

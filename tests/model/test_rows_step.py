@@ -12,7 +12,7 @@ import pytest
 from fixtures.folded_models import count_rows_calls, load_model, padded_decode
 from mlx_lm.models.cache import BatchKVCache
 
-from mlxd.bench.probe_ops import VIEWS, primitives
+from bench.probes.probe_ops import VIEWS, primitives
 from mlxd.model import folded_attention as fa
 from mlxd.model import row_gemv as rg
 from mlxd.model import rows_step as rs
