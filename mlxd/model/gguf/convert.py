@@ -13,8 +13,8 @@ from pathlib import Path
 import mlx.core as mx
 from tqdm import tqdm
 
+from ...config import mlxd_home
 from ..errors import ModelLoadError
-from ..home import mlxd_home
 from .arch import Arch, get_arch
 from .reader import read_gguf
 from .weights import write_model
