@@ -13,23 +13,16 @@ MLX's `where(mask, scores, finfo.min)`, which an additive -inf mask is not.
 """
 
 import math
-import os
 from functools import cache
 from typing import Any
 
 import mlx.core as mx
 
+from ..config import cudnn_attention
+
 # Model types whose attention hands the cache's mask straight to mlx-lm's
 # `scaled_dot_product_attention` (others read it as a boolean: gemma2, phi3small, ...).
 MODEL_TYPES = frozenset({"qwen3", "qwen3_moe", "qwen2", "qwen2_moe", "llama", "gemma3_text"})
-
-
-def enabled() -> bool:
-    """MLXD_ADDITIVE_MASK (default 1): 0 hands mlx-lm's boolean mask to MLX as is (A/Bs)."""
-    value = os.environ.get("MLXD_ADDITIVE_MASK", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"MLXD_ADDITIVE_MASK={value!r}: 0 or 1")
-    return value == "1"
 
 
 def takes_additive(model: Any) -> bool:
@@ -59,7 +52,7 @@ def fused_prefill(dtype: mx.Dtype, k_dim: int, v_dim: int) -> bool:
     backend/cuda/scaled_dot_product_attention.cpp."""
     if not _on_cuda_gpu():
         return False
-    if os.environ.get("MLX_CUDA_USE_CUDNN_SDPA", "1").strip() == "0":
+    if not cudnn_attention():
         return False
     if dtype not in (mx.float16, mx.bfloat16):
         return False

@@ -5,10 +5,9 @@ After a right-padded prefill every row rolls by its padding. By slices that is t
 row and a concatenation, ~96 kernels for each of a layer's keys and values at 32 rows: a 0.6B
 join of 32 rows spent ~0.1 s of host time launching 5,040 of them for ~29 ms of GPU work (an
 H100, `probe_join --kernels`, docs/performance.md). Here it is one launch per array. MLX-CUDA
-only (`mx.fast.cuda_kernel`); elsewhere the slices stay. MLXD_ROLL=slices turns it off (A/Bs).
+only (`mx.fast.cuda_kernel`); elsewhere the slices stay.
 """
 
-import os
 from functools import cache
 
 import mlx.core as mx
@@ -47,18 +46,8 @@ def _kernel() -> object:
     )
 
 
-def way() -> str:
-    """MLXD_ROLL (default `kernel`; `slices` for A/Bs), checked."""
-    value = os.environ.get("MLXD_ROLL", "kernel")
-    if value not in ("kernel", "slices"):
-        raise ValueError(f"MLXD_ROLL={value!r}: kernel or slices")
-    return value
-
-
 def available(x: mx.array) -> bool:
-    """Whether `x` rolls in the kernel here: MLX on a CUDA GPU, unless MLXD_ROLL=slices."""
-    if way() == "slices":
-        return False
+    """Whether `x` rolls in the kernel here: a 4-D array on an MLX-CUDA GPU."""
     return x.ndim == 4 and mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 

@@ -2,7 +2,7 @@
 
 mlx-lm's BatchKVCache.update_and_fetch advances each layer's `offset` array with its own add,
 left lazy until the next step's RoPE reads it, so a 28-layer step launches 28 adds of equal
-values (`probe_ops --neighbours Add` on the H200, session 27), each an op MLX encodes on the
+values (`probe_ops --neighbours Add` on the H200), each an op MLX encodes on the
 host. After a step, every layer that advanced takes a copy of the first one's array: the same
 graph node, computed once by the next step (a copy, so an in-place op on one layer's offset, as
 mlx-lm's caches make, leaves the others alone). A batch's layers hold the same rows' histories,
@@ -16,10 +16,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
 from .batch_roll import RollingBatchKVCache
-from .shared_prefix import SharedPrefixBatchKVCache
 
 # Full-attention batch layers (not rotating, not quantized): one offset counts each row's tokens.
-PLAIN = (BatchKVCache, RollingBatchKVCache, SharedPrefixBatchKVCache)
+PLAIN = (BatchKVCache, RollingBatchKVCache)
 
 
 def offsets(caches: list[Any]) -> list[Any]:

@@ -3,11 +3,10 @@
 mlx-lm's `filter` keeps rows with `keys[indices]`, a gather over the whole cache, whenever a row
 ends or a prefill wave moves to decoding in part. On an H200 that gather took 55-77 ms for 28-31
 rows of a 0.6B model's 3.7k-token cache, and the same rows as slices of their runs 8-11 ms
-(`python -m mlxd.bench.probe_filter`, docs/performance.md, session 30). On 2 CPU cores the
-gather was as fast or faster (session 29), and Metal was not measured: slices only on CUDA.
+(docs/performance.md). On 2 CPU cores the gather was as fast or faster, and Metal was not
+measured: slices only on CUDA.
 """
 
-import os
 from typing import Any
 
 import mlx.core as mx
@@ -30,11 +29,7 @@ def runs(keep: list[int]) -> list[tuple[int, int]]:
 
 
 def sliced() -> bool:
-    """Whether rows leave by slices here: MLX on a CUDA GPU (see module doc), unless
-    MLXD_TAKE_ROWS names the way (`gather` or `slices`: an A/B in one run, the same bits)."""
-    way = os.environ.get("MLXD_TAKE_ROWS")
-    if way in ("gather", "slices"):
-        return way == "slices"
+    """Whether rows leave by slices here: on an MLX-CUDA GPU (see the module doc)."""
     return mx.default_device() == mx.gpu and mx.cuda.is_available()
 
 

@@ -17,24 +17,18 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..config import ATTENTION_MODES
 from . import row_gemv
 from .aligned_keys import AlignedMasks, aligned, key_alignment
-from .decode_kernel import available, flash_attention, supports
 from .fused_projections import Stacked, fused_mlp, stack_in_place, stacked_qkv
 from .rows_step import Projections, StepConstants, heads_rows, rows_block
-from .shared_attention import shared_prefix_attention
 
 # Architectures whose attention is the standard q/k/v projection, optional q/k RMSNorm, RoPE at
 # the cache offset, cache update, attention, o_proj (tests/model/test_folded_attention.py).
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
 # folded+fused: also q/k/v and gate/up as one matmul each (model/fused_projections.py);
-# flash: the attention itself as two CUDA kernels (model/decode_kernel.py, CUDA only);
-# +shared: the decoding rows' shared prefix held once (kv/shared_prefix.py);
 # +gemv: the step's small projections through MLX's batched gemv, not cuBLASLt (row_gemv.py).
-MODES = (
-    "mlx", "folded", "folded+fused", "flash", "flash+fused", "folded+shared", "folded+fused+shared",
-    "folded+fused+gemv",
-)  # fmt: skip
+MODES = ATTENTION_MODES
 
 
 def is_folded(mode: str) -> bool:
@@ -46,34 +40,19 @@ def is_fused(mode: str) -> bool:
     return "+fused" in mode
 
 
-def is_shared(mode: str) -> bool:
-    return mode.endswith("+shared")
-
-
 def is_gemv(mode: str) -> bool:
     return mode.endswith("+gemv")
-
-
-def is_flash(mode: str) -> bool:
-    return mode.startswith("flash")
 
 
 def for_mode(model: nn.Module, mode: str, rows: bool = True) -> nn.Module:
     """The model a batch of this --batched-attention mode steps (`rows`: folded's)."""
     if not is_folded(mode):
         return model
-    return folded(model, fuse=is_fused(mode), flash=is_flash(mode), gemv=is_gemv(mode), rows=rows)
-
-
-def missing(mode: str) -> str | None:
-    """What this machine lacks for this --batched-attention mode (flash's CUDA), or None."""
-    return available() if is_flash(mode) else None
+    return folded(model, fuse=is_fused(mode), gemv=is_gemv(mode), rows=rows)
 
 
 def unsupported(model: Any, mode: str = "folded") -> str | None:
-    """Why this --batched-attention mode cannot serve this model here, or None."""
-    if (why := missing(mode)) is not None:
-        return why
+    """Why this --batched-attention mode cannot serve this model, or None."""
     kind = getattr(getattr(model, "args", None), "model_type", None)
     if kind not in SUPPORTED:
         return f"--batched-attention {mode} supports {', '.join(SUPPORTED)}; this model is {kind!r}"
@@ -84,19 +63,17 @@ def folded(
     model: nn.Module,
     align: int | None = None,
     fuse: bool = False,
-    flash: bool = False,
     gemv: bool = False,
     rows: bool = True,
 ) -> nn.Module:
     """A model sharing `model`'s weights whose batched decode attention is folded, over keys
     padded to a multiple of `align` (default: `key_alignment()`); `fuse`: its batched decode
     steps also run q/k/v and gate/up as one matmul each (those weights stacked in place);
-    `flash`: the attention runs as decode_kernel.py's CUDA kernels (no padding needed);
     `gemv`: those steps' small projections run as row_gemv.py's batched gemv (with `fuse`);
     `rows`: the blocks step on 2-D rows (rows_step.py; off: the 3-D step, for probes and
     tests)."""
     align = key_alignment() if align is None else align
-    if (why := unsupported(model, "flash" if flash else "folded")) is not None:
+    if (why := unsupported(model)) is not None:
         raise ValueError(why)
     if fuse:  # before the rows step holds any of those weights (fused_projections.py)
         stack_in_place(model)
@@ -109,7 +86,7 @@ def folded(
     for layer in model.model.layers:
         twin = copy.copy(layer)
         attn = row_gemv.with_gemv(layer.self_attn, "o_proj") if "o" in parts else layer.self_attn
-        twin.self_attn = FoldedAttention(attn, align, masks, flash, constants)
+        twin.self_attn = FoldedAttention(attn, align, masks, constants)
         twin.self_attn.gemv_qk_rows = row_gemv.max_rows() if "qk" in parts else 0
         if fuse:
             twin.self_attn.qkv = stacked_qkv(layer.self_attn, "qkv" in parts)
@@ -169,13 +146,11 @@ class FoldedAttention(nn.Module):
         inner: nn.Module,
         align: int = 1,
         masks: Any = None,
-        flash: bool = False,
         constants: StepConstants | None = None,
     ) -> None:
         super().__init__()
         self.inner = inner
         self.align = align
-        self.flash = flash
         self.masks = masks if masks is not None else AlignedMasks()
         self.constants = constants if constants is not None else StepConstants()
         self.proj = Projections(inner)  # for the rows step (rows_step.py)
@@ -183,10 +158,7 @@ class FoldedAttention(nn.Module):
         self.gemv_qk_rows = 0  # scores as gemvs up to this many rows (folded(gemv=True), qk)
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        shared = getattr(cache, "prefix_keys", None) is not None
-        if shared and (x.shape[1] != 1 or not isinstance(mask, mx.array)):
-            raise ValueError("a batch holding a shared prefix only decodes, one token a row")
-        if not shared and not _foldable(x, mask, cache):
+        if not _foldable(x, mask, cache):
             return self.inner(x, mask, cache)
         a = self.inner
         B, L, _ = x.shape
@@ -198,24 +170,13 @@ class FoldedAttention(nn.Module):
         v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q, k = a.rope(q, offset=cache.offset), a.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
-        if shared:
-            if self.align > 1:
-                k, v, mask = aligned(self.align, cache, k, v, mask, self.masks)
-            pk, pv = cache.prefix_keys, cache.prefix_values
-            out = shared_prefix_attention(q, pk, pv, k, v, a.scale, mask)
-            return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
-        if self.flash and supports(q, k, mask):
-            return a.o_proj(flash_attention(q, k, v, a.scale, mask))
         if self.align > 1:
             k, v, mask = aligned(self.align, cache, k, v, mask, self.masks)
         out = attention(q, k, v, a.scale, mask, B <= self.gemv_qk_rows)
         return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
     def takes_rows(self, x: mx.array, mask: Any, cache: Any) -> bool:
-        """Whether its block steps on 2-D rows (rows_step.py): a folded step, not flash's
-        kernels nor a shared prefix (those keep the 3-D step)."""
-        if self.flash or getattr(cache, "prefix_keys", None) is not None:
-            return False
+        """Whether its block steps on 2-D rows (rows_step.py): a folded step."""
         return _foldable(x, mask, cache)
 
     def rows(self, x: mx.array, mask: mx.array, cache: Any) -> mx.array:

@@ -3,7 +3,7 @@
 mlx-lm's one-token step (generate_step's, BatchGenerator's in the `mlx` attention mode) passes
 (B, 1, D) through each block: each projection is a Flatten, a Transpose of its weight, the
 matmul and an Unflatten, and each head split a reshape and a transpose, ~30 views a layer that
-launch nothing but cost the host ~0.7-1.3 µs each (docs/performance.md, sessions 28 and 34).
+launch nothing but cost the host ~0.7-1.3 µs each (docs/performance.md).
 A small model's step is host-bound on every backend, so a lone agent, or a batch of them, pays
 them every token. Here each block steps on (B, D) rows as rows_step.py's folded step does, with
 mlx-lm's own attention call (`scaled_dot_product_attention`, the mask as it came): the same
@@ -13,7 +13,7 @@ kernels on the same memory, so the same bits (tests/model/test_plain_rows.py).
 matmul each. At one row MLX-CUDA runs a matmul as its gemv, one warp's dot over K per output,
 whatever the width, so the stacked product is the same bits there (and on the CPU, tested);
 the narrow k/v gemvs cost ~18 µs each on an 8B H100 step whatever their 8 MB (performance.md
-§1, session 40). Two rows or more keep the separate projections, which read their rows of
+§1). Two rows or more keep the separate projections, which read their rows of
 the stacks: no memory is added (fused_projections.py), and folded+fused shares the stacks.
 """
 

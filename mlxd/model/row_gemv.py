@@ -1,5 +1,5 @@
 """Where the `+gemv` modes of `--batched-attention` send a batched decode step's projections:
-MLX's own batched gemv instead of cuBLASLt (opt-in; docs/performance.md, session 26).
+MLX's own batched gemv instead of cuBLASLt (opt-in; docs/performance.md).
 
 On MLX-CUDA, x (rows, 1, K) @ W.T is flattened into one (rows, K) matmul, which goes to
 cuBLASLt: a descriptor, a heuristic query and a stream capture on every call, ~30-40 µs of host
@@ -10,34 +10,32 @@ hence the byte cap). Its float32 sums round otherwise than cuBLAS's, so it is op
 """
 
 import copy
-import os
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..config import GEMV_PARTS, gemv_tuning
 from .rows_step import HeldLinear
 
-PARTS = ("qkv", "o", "gate_up", "down", "head", "qk")
-DEFAULT_PARTS = PARTS[:4]  # the head and the attention scores: probe knobs, not measured wins
+PARTS = GEMV_PARTS  # the head and the attention scores are off by default: not measured wins
 # Weights above this go to cuBLASLt: every row re-reads the weight, which must stay in L2
-# (the H200's is 50 MB). MLXD_GEMV_MAX_MB: a probe knob.
-MAX_BYTES = int(os.environ.get("MLXD_GEMV_MAX_MB", "16")) << 20
+# (the H200's is 50 MB).
+MAX_BYTES = gemv_tuning().max_bytes
 
 
 def parts() -> frozenset[str]:
-    """The projections the +gemv modes route (MLXD_GEMV_PARTS, comma-separated; default
-    DEFAULT_PARTS): a knob for probes that time each part in the whole step. `qk`: the
-    attention's scores too (`scores` below)."""
-    chosen = os.environ.get("MLXD_GEMV_PARTS")
-    return frozenset(DEFAULT_PARTS if chosen is None else chosen.split(","))
+    """The projections the +gemv modes route (MLXD_GEMV_PARTS; default qkv, o, gate_up,
+    down): a knob for probes that time each part in the whole step. `qk`: the attention's
+    scores too (`scores` below)."""
+    return gemv_tuning().parts
 
 
 def max_rows() -> int:
     """Rows up to which a step takes the gemv (MLXD_GEMV_ROWS, default 8). On the H200's 0.6B
     step, alternated: 0.85x at 2 rows, 0.91x at 8, 0.98x at 16, 1.23x at 32, where the weight
     re-reads cost the GPU more than cuBLASLt's host time (docs/performance.md)."""
-    return int(os.environ.get("MLXD_GEMV_ROWS", "8"))
+    return gemv_tuning().rows
 
 
 def few_rows(x: mx.array) -> bool:

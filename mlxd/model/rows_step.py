@@ -5,14 +5,13 @@ a 3-D input is a Flatten, the matmul and an Unflatten; each `weight.T` is a new 
 on every call; each head split is a reshape and a transpose; each scalar or mask broadcast is a
 Broadcast node: ~31 views a layer. A view launches no kernel, but MLX's eval still visits it on
 the host (~1.3 µs each on the CI CPU), and the small models' step is host-bound
-(docs/performance.md, session 28). Here a block's step runs on (B, D) rows: each weight's
+(docs/performance.md). Here a block's step runs on (B, D) rows: each weight's
 transpose is made once (evaluated with the first step, it is a plain strided array after), the
 heads are reshaped straight to (B, H, 1, D) and the attention's broadcast constants are held.
 The memory order, the kernels and so the bits are the same (tests/model/test_rows_step.py).
 """
 
 import functools
-import os
 from typing import Any
 
 import mlx.core as mx
@@ -103,15 +102,10 @@ class StepConstants:
     the query scale per shape (across steps) and the mask's `where` arguments per step (every
     layer of a step gets the same mask array, so the first layer's serve the rest)."""
 
-    def __init__(self, layout: str | None = None) -> None:
+    def __init__(self) -> None:
         self._scales: dict[tuple, mx.array] = {}  # one per row count: bounded by the batch cap
         self._mask: mx.array | None = None  # held, so compared by identity
         self._where: tuple[tuple, mx.array, mx.array] | None = None
-        # MLXD_MASK_LAYOUT=contiguous (for device A/Bs): the condition and the fill laid out
-        # whole, once a step, so each layer's `where` takes MLX-CUDA's contiguous kernel, not its
-        # strided one (0.45 ms of a 0.6B 32-row H100 step, session 40); a select: the same bits.
-        self.contiguous = (layout or os.environ.get("MLXD_MASK_LAYOUT")) == "contiguous"
-        self._fill: tuple[tuple, mx.array] | None = None
 
     def scale(self, value: float, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
         key = (value, shape, dtype)
@@ -125,11 +119,6 @@ class StepConstants:
             B, L = shape[0], shape[-1]
             keep = mx.broadcast_to(mask.reshape(B, 1, 1, L), shape)
             fill = mx.broadcast_to(mx.array(mx.finfo(dtype).min, dtype), shape)
-            if self.contiguous:
-                keep = mx.contiguous(keep)
-                if self._fill is None or self._fill[0] != (shape, dtype):  # per shape, not step
-                    self._fill = ((shape, dtype), mx.contiguous(fill))
-                fill = self._fill[1]
             self._mask, self._where = mask, ((shape, dtype), keep, fill)
         return self._where[1], self._where[2]
 

@@ -17,8 +17,8 @@ from fixtures.batch_oracle import assert_same_outputs
 from mlx_lm.generate import BatchGenerator
 
 from bench.probes.probe_join import restored
+from mlxd.config import EngineConfig
 from mlxd.engine.batch import BatchedRows
-from mlxd.engine.batch_row import BatchConfig
 from mlxd.kv import additive_mask, batch_roll
 from mlxd.kv.batch_quantized import mergeable
 from mlxd.kv.batch_roll import RollingBatchKVCache
@@ -55,16 +55,6 @@ def test_fused_prefill_mirrors_mlx_cuda_s_cudnn_rule(
     else:
         monkeypatch.setenv("MLX_CUDA_USE_CUDNN_SDPA", env)
     assert additive_mask.fused_prefill(dtype, k_dim, v_dim) is want
-
-
-def test_enabled_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MLXD_ADDITIVE_MASK", raising=False)
-    assert additive_mask.enabled()
-    monkeypatch.setenv("MLXD_ADDITIVE_MASK", "0")
-    assert not additive_mask.enabled()
-    monkeypatch.setenv("MLXD_ADDITIVE_MASK", "yes")
-    with pytest.raises(ValueError, match="MLXD_ADDITIVE_MASK='yes'"):
-        additive_mask.enabled()
 
 
 def _load(tiny_model: Callable[..., Path], arch: str) -> Any:
@@ -132,11 +122,10 @@ def _copy(c: Any) -> Any:
 
 
 def test_the_batch_hands_the_flag_to_the_rows_it_merges(tiny_model: Callable[..., Path]) -> None:
-    """BatchedRows: on for a model type that takes it, off by config or for other types."""
+    """BatchedRows: on for a model type that takes it, off for other types."""
     qwen3, phi3 = _load(tiny_model, "qwen3"), _load(tiny_model, "phi3")
-    assert BatchedRows(qwen3, BatchConfig()).additive_mask
-    assert not BatchedRows(qwen3, BatchConfig(additive_mask=False)).additive_mask
-    assert not BatchedRows(phi3, BatchConfig()).additive_mask
+    assert BatchedRows(qwen3, EngineConfig()).additive_mask
+    assert not BatchedRows(phi3, EngineConfig()).additive_mask
     merged = RollingBatchKVCache.merge([mergeable(restored(qwen3, 5, random.Random(1)), True)[0]])
     assert merged.additive_mask
     plain = RollingBatchKVCache.merge([mergeable(restored(qwen3, 5, random.Random(1)))[0]])

@@ -6,6 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll
 
+import mlxd.kv.take_rows as take_rows_module
 from mlxd.kv import roll_kernel
 from mlxd.kv.batch_roll import RollingBatchKVCache, RowKVCache, roll_rows, rolling
 
@@ -25,18 +26,10 @@ def test_roll_rows_equals_dynamic_roll(shifts: list[int]) -> None:
     assert mx.array_equal(roll_rows(x, shifts), want).item()
 
 
-def test_the_roll_kernel_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """MLXD_ROLL: the kernel by default (on CUDA only), slices on request, anything else an
-    error; on this CPU the slices always."""
+def test_the_roll_kernel_only_on_cuda() -> None:
+    """The kernel where MLX runs on CUDA; on this CPU the slices always."""
     x = mx.zeros((2, 1, 4, 8))
-    monkeypatch.delenv("MLXD_ROLL", raising=False)
-    assert roll_kernel.way() == "kernel"
     assert roll_kernel.available(x) is (mx.cuda.is_available() and mx.default_device() == mx.gpu)
-    monkeypatch.setenv("MLXD_ROLL", "slices")
-    assert roll_kernel.way() == "slices" and not roll_kernel.available(x)
-    monkeypatch.setenv("MLXD_ROLL", "gather")
-    with pytest.raises(ValueError, match="MLXD_ROLL='gather': kernel or slices"):
-        roll_kernel.way()
 
 
 @pytest.mark.skipif(not mx.cuda.is_available(), reason="MLX-CUDA's kernel (cuda_tests.sh)")
@@ -50,8 +43,7 @@ def test_the_cuda_roll_kernel_leaves_the_slices_values(
     shifts = [0, 1, 36, 40, -3]
     assert roll_kernel.available(x)
     got = roll_rows(x, shifts)
-    monkeypatch.setenv("MLXD_ROLL", "slices")
-    assert not roll_kernel.available(x)
+    monkeypatch.setattr(roll_kernel, "available", lambda x: False)
     want = roll_rows(x, shifts)
     assert mx.array_equal(got, want).item()
     assert mx.array_equal(want, dynamic_roll(x, mx.array(shifts)[:, None], axis=2)).item()
@@ -97,7 +89,7 @@ def test_filter_leaves_mlx_lm_s_arrays(
     """Any selection, every row in order included (the common left padding trimmed), then a
     decode step: the arrays mlx-lm's BatchKVCache.filter leaves, with the kept rows taken by
     a gather or by slices."""
-    monkeypatch.setenv("MLXD_TAKE_ROWS", way)
+    monkeypatch.setattr(take_rows_module, "sliced", lambda: way == "slices")
     want, got = (cls.merge([_row(n, 10 * i, cls) for i, n in enumerate(cached)])
                  for cls in (KVCache, RowKVCache))  # fmt: skip
     for b in (want, got):

@@ -39,7 +39,7 @@ def test_a_step_leaves_one_offset_add_not_one_per_layer() -> None:
 def test_an_engine_batch_leaves_one_offset_add(tiny_model, monkeypatch) -> None:
     from mlx_lm import load
 
-    from mlxd.engine.batch import BatchConfig
+    from mlxd.config import EngineConfig
     from mlxd.engine.engine import Engine
     from mlxd.engine.request import GenerationRequest
 
@@ -54,7 +54,7 @@ def test_an_engine_batch_leaves_one_offset_add(tiny_model, monkeypatch) -> None:
         return n
 
     monkeypatch.setattr(step_offsets, "share", spy)  # the batch step calls it by the module
-    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048))
+    engine = Engine(model, config=EngineConfig(8, 8, 2048))
     try:
         reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=4) for p in PROMPTS]
         for handle in engine.submit_many(reqs):

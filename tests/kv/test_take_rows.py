@@ -47,16 +47,11 @@ def test_slices_equal_the_gather(keep: list[int], start: int) -> None:
         assert got.shape == want.shape and mx.array_equal(got, want).item(), by_slices
 
 
-def test_slices_only_on_cuda_unless_the_environment_names_the_way(monkeypatch) -> None:
-    monkeypatch.delenv("MLXD_TAKE_ROWS", raising=False)
+def test_slices_only_on_cuda(monkeypatch) -> None:
     for device, cuda, want in ((mx.gpu, True, True), (mx.gpu, False, False), (mx.cpu, True, False)):
         monkeypatch.setattr(mx, "default_device", lambda d=device: d)  # Metal is a GPU, not CUDA
         monkeypatch.setattr(mx.cuda, "is_available", lambda c=cuda: c)
         assert take_rows_module.sliced() is want, (device, cuda)
-    monkeypatch.undo()
-    for way, want in (("gather", False), ("slices", True)):
-        monkeypatch.setenv("MLXD_TAKE_ROWS", way)
-        assert take_rows_module.sliced() is want
 
 
 def test_a_quantized_batch_filtered_by_slices_equals_its_gather(monkeypatch) -> None:

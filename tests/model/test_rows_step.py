@@ -92,24 +92,3 @@ def test_a_block_kind_it_does_not_know_keeps_its_class() -> None:
 
     b = Block()
     assert type(rs.rows_block(b)) is Block
-
-
-def test_the_contiguous_mask_layout_keeps_the_bits(tiny_model, monkeypatch) -> None:
-    """MLXD_MASK_LAYOUT=contiguous lays the `where`'s condition out whole once a step (and its
-    fill once per shape), so MLX-CUDA takes its contiguous kernel; a select: the same logits."""
-    model = load_model(tiny_model, "qwen3")
-    monkeypatch.delenv("MLXD_MASK_LAYOUT", raising=False)
-    ref = padded_decode(fa.folded(model, 8), 9, [0, 4, 9])
-    monkeypatch.setenv("MLXD_MASK_LAYOUT", "contiguous")
-    shadow = fa.folded(model, 8)
-    assert mx.array_equal(padded_decode(shadow, 9, [0, 4, 9]), ref).item()
-    caches = [BatchKVCache([0, 1, 2]) for _ in shadow.layers]  # left padding: an array mask
-    mx.eval(shadow(mx.zeros((3, 4), mx.int32), cache=caches))
-    mx.eval(shadow(mx.zeros((3, 1), mx.int32), cache=caches))  # 6 keys, aligned to 8: the fill
-    counts = primitives(shadow(mx.zeros((3, 1), mx.int32), cache=caches))
-    assert counts["Contiguous"] == 1  # the condition, once for every layer; the fill is held
-    monkeypatch.delenv("MLXD_MASK_LAYOUT")
-    plain = fa.folded(model, 8)
-    caches = [BatchKVCache([0, 1, 2]) for _ in plain.layers]
-    mx.eval(plain(mx.zeros((3, 4), mx.int32), cache=caches))
-    assert primitives(plain(mx.zeros((3, 1), mx.int32), cache=caches))["Contiguous"] == 0
