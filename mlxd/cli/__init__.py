@@ -4,9 +4,15 @@ import argparse
 import sys
 
 from ..model.errors import ModelLoadError
-from . import bench, convert, generate, serve
+from . import bench, config, convert, generate, serve
 
-SUBCOMMANDS = {"generate": generate, "serve": serve, "convert": convert, "bench": bench}
+SUBCOMMANDS = {
+    "generate": generate,
+    "serve": serve,
+    "convert": convert,
+    "bench": bench,
+    "config": config,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,16 +18,10 @@ from mlx_lm.generate import (
     str2bool,
 )
 
-from ..model.default import DEFAULT_MODEL_NAME
+from ..config import DEFAULT_MODEL_NAME, KV_CONFIG_HELP
 from ..model.errors import ModelLoadError
 
-KV_CONFIG_FLAG = dict(
-    type=str,
-    default=None,
-    metavar="PATH",
-    help="mixed per-layer KV quantization from mlx-optiq's kv_config.json (a list of "
-    "{layer_idx, bits, group_size}); unnamed layers stay unquantized. Excludes --kv-bits",
-)
+KV_CONFIG_FLAG = dict(type=str, default=None, metavar="PATH", help=KV_CONFIG_HELP)
 
 
 def resolve_kv_config(args: argparse.Namespace) -> None:

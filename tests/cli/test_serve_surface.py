@@ -11,6 +11,8 @@ import pytest
 from tests_helpers_serve import serve_parser
 
 from mlxd.cli import build_parser
+from mlxd.cli.serve import parse_config
+from mlxd.config import ConfigError
 
 
 class _Captured(Exception):
@@ -61,7 +63,7 @@ def test_every_mlx_lm_server_flag_with_its_default() -> None:
 def test_row_cap_default_is_8_and_32_on_cuda(monkeypatch) -> None:
     import mlx.core as mx
 
-    from mlxd.serve.main import default_batch
+    from mlxd.config import default_batch
 
     monkeypatch.setattr(mx.cuda, "is_available", lambda: False)
     assert default_batch() == 8
@@ -76,29 +78,76 @@ def test_help_groups_flags_by_layer() -> None:
 
 
 def test_config_file_sets_options_and_flags_win(tmp_path: Path) -> None:
-    from mlxd.cli.serve import _defaults
-    from mlxd.serve.main import apply_config
-
     cfg = tmp_path / "serve.json"
     cfg.write_text(json.dumps({"decode-concurrency": 16, "max_queue": 4, "port": 9000}))
-    args = build_parser().parse_args(["serve", "--config", str(cfg), "--port", "9100"])
-    apply_config(args, _defaults)
-    assert (args.batch, args.max_queue, args.port) == (16, 4, 9100)
+    config = parse_config(["--config", str(cfg), "--port", "9100"])
+    assert (config.batch, config.max_queue, config.port) == (16, 4, 9100)
     cfg.write_text(json.dumps({"no_such_option": 1}))
-    args = build_parser().parse_args(["serve", "--config", str(cfg)])
-    from mlxd.model import ModelLoadError
+    with pytest.raises(ConfigError, match="unknown option 'no_such_option'"):
+        parse_config(["--config", str(cfg)])
 
-    with pytest.raises(ModelLoadError, match="unknown option 'no_such_option'"):
-        apply_config(args, _defaults)
+
+def test_config_file_values_read_as_their_flags_read_text(tmp_path: Path) -> None:
+    cfg = tmp_path / "serve.json"
+    options = {
+        "kv-budget": "8GB",
+        "allowed_origins": "a,b",
+        "prefill-batch-tokens": "auto",
+        "switch-interval": 0.001,
+        "chat-template-args": '{"enable_thinking": false}',
+    }
+    cfg.write_text(json.dumps(options))
+    c = parse_config(["--config", str(cfg)])
+    assert (c.kv_budget, c.allowed_origins, c.prefill_batch_tokens) == (8 * 10**9, ["a", "b"], -1)
+    assert c.switch_interval == 0.001 and c.chat_template_args == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [({"max_queue": "many"}, r"'max_queue' \(--max-queue\): invalid literal"),
+     ({"batch": True}, r"--batch\): True is not int or null"),
+     ({"step-order": "wait"}, r"--step-order\): 'wait' is not one of pipelined, thread"),
+     ({"join-window": 11}, r"--join-window\): seconds between 0 and 10"),
+     ({"memory-budget": "75 apples"}, r"--memory-budget\): cannot read"),
+     ({"config": "other.json"}, "unknown option 'config'")],
+)  # fmt: skip
+def test_a_bad_config_file_value_is_one_line_naming_the_flag(tmp_path, options, message) -> None:
+    cfg = tmp_path / "serve.json"
+    cfg.write_text(json.dumps(options))
+    with pytest.raises(ConfigError, match=message):
+        parse_config(["--config", str(cfg)])
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [(["--kv-config", "x.json", "--kv-bits", "4"], "--kv-config and --kv-bits are mutually"),
+     (["--batch", "0"], "--batch: must be 1 or more"),
+     (["--prompt-concurrency", "0"], "--prompt-concurrency: must be 1 or more")],
+)  # fmt: skip
+def test_bad_flag_combinations_stop_serve_with_one_line(flags, message, monkeypatch) -> None:
+    import mlxd.serve.main as serve_main
+    from mlxd.cli import serve as serve_cli
+
+    monkeypatch.setattr(serve_main, "serve", lambda a: pytest.fail("served"))
+    with pytest.raises(SystemExit, match=f"mlxd serve: error: {message}"):
+        serve_cli.run(build_parser().parse_args(["serve", *flags]))
+
+
+def test_the_environment_gives_the_api_key_and_data_dir_defaults(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MLXD_API_KEY", "k1")
+    monkeypatch.setenv("MLXD_HOME", str(tmp_path))
+    config = parse_config([])
+    assert (config.api_key, config.data_dir) == ("k1", str(tmp_path / "data"))
+    config = parse_config(["--api-key", "k2", "--data-dir", "d"])
+    assert (config.api_key, config.data_dir) == ("k2", "d")
 
 
 def test_draft_model_is_refused_at_start_up(tmp_path: Path) -> None:
     from mlxd.model import ModelLoadError
     from mlxd.serve.main import make_state
 
-    args = build_parser().parse_args(["serve", "--draft-model", "x"])
     with pytest.raises(ModelLoadError, match="speculative decoding"):
-        make_state(args)
+        make_state(parse_config(["--draft-model", "x"]))
 
 
 @pytest.mark.parametrize(
@@ -171,10 +220,7 @@ def test_join_window_reaches_the_servers_arrivals(flags, window, tiny_model, tmp
     from mlxd.serve.main import make_state
 
     model = str(tiny_model("qwen3"))
-    args = build_parser().parse_args(
-        ["serve", "--model", model, "--data-dir", str(tmp_path), *flags]
-    )
-    state = make_state(args)
+    state = make_state(parse_config(["--model", model, "--data-dir", str(tmp_path), *flags]))
     try:
         assert state.provider.arrivals.window == window
         assert state.provider.default.engine.arrivals is state.provider.arrivals
@@ -190,79 +236,49 @@ def test_join_window_must_be_seconds_between_0_and_10(value: str, capsys) -> Non
 
 
 @pytest.mark.parametrize(
-    "flags,env,order",
-    [([], None, "pipelined"), ([], "split", "split"), (["--step-order", "wait"], "split", "wait"),
-     (["--step-order", "split"], None, "split"), (["--step-order", "thread"], "wait", "thread"),
-     ([], "thread", "thread")],
+    "flags,order",
+    [([], "pipelined"), (["--step-order", "pipelined"], "pipelined"),
+     (["--step-order", "thread"], "thread")],
 )  # fmt: skip
-def test_step_order_reaches_the_engine(flags, env, order, tiny_model, tmp_path, monkeypatch):
-    """--step-order (else MLXD_STEP_ORDER, else the machine's: pipelined on this CPU, thread
-    on CUDA) is the engine's batched step order, with MLXD_STEP_SPLIT's share of layers."""
+def test_step_order_reaches_the_engine(flags, order, tiny_model, tmp_path, monkeypatch):
+    """--step-order (else the machine's: pipelined on this CPU, thread on CUDA) is the
+    engine's batched step order, with MLXD_THREAD_ROWS's floor."""
     import mlx.core as mx
 
-    if not flags and env is None and mx.cuda.is_available():
+    if not flags and mx.cuda.is_available():
         order = "thread"
     from mlxd.serve.main import make_state
 
-    if env is None:
-        monkeypatch.delenv("MLXD_STEP_ORDER", raising=False)
-    else:
-        monkeypatch.setenv("MLXD_STEP_ORDER", env)
-    monkeypatch.setenv("MLXD_STEP_SPLIT", "0.5")
     monkeypatch.setenv("MLXD_THREAD_ROWS", "4")
     model = str(tiny_model("qwen3"))
-    args = build_parser().parse_args(
-        ["serve", "--model", model, "--data-dir", str(tmp_path), *flags]
-    )
-    state = make_state(args)
+    state = make_state(parse_config(["--model", model, "--data-dir", str(tmp_path), *flags]))
     try:
         config = state.provider.default.engine.config
-        assert (config.step_order, config.split_fraction, config.thread_rows) == (order, 0.5, 4)
-    finally:
-        state.provider.close()
-
-
-@pytest.mark.parametrize("env,on", [(None, True), ("0", False), ("1", True)])
-def test_the_additive_mask_switch_reaches_the_engine(env, on, tiny_model, tmp_path, monkeypatch):
-    """MLXD_ADDITIVE_MASK (default on) is the served engine's BatchConfig.additive_mask."""
-    from mlxd.serve.main import make_state
-
-    if env is None:
-        monkeypatch.delenv("MLXD_ADDITIVE_MASK", raising=False)
-    else:
-        monkeypatch.setenv("MLXD_ADDITIVE_MASK", env)
-    args = build_parser().parse_args(
-        ["serve", "--model", str(tiny_model("qwen3")), "--data-dir", str(tmp_path)]
-    )
-    state = make_state(args)
-    try:
-        assert state.provider.default.engine.config.additive_mask is on
+        assert (config.step_order, config.thread_rows) == (order, 4)
     finally:
         state.provider.close()
 
 
 @pytest.mark.parametrize(
     "env",
-    [("MLXD_STEP_ORDER", "later"), ("MLXD_STEP_SPLIT", "2"), ("MLXD_HELD_WAKE", "yes"),
-     ("MLXD_THREAD_ROWS", "0"), ("MLXD_THREAD_ROWS", "many"), ("MLXD_ADDITIVE_MASK", "on"),
-     ("MLXD_ROLL", "gather")],
-)  # fmt: skip
-def test_a_bad_step_order_environment_stops_serve_with_one_line(env, monkeypatch) -> None:
+    [("MLXD_THREAD_ROWS", "0"), ("MLXD_THREAD_ROWS", "many"), ("MLXD_KERNELS_AT", "32 60")],
+)
+def test_a_bad_engine_environment_stops_serve_with_one_line(env, monkeypatch) -> None:
     import mlxd.serve.main as serve_main
     from mlxd.cli import serve as serve_cli
 
     monkeypatch.setenv(*env)
     monkeypatch.setattr(serve_main, "serve", lambda a: pytest.fail("served"))
     with pytest.raises(
-        SystemExit,
-        match="mlxd serve: error: .*(one of|a fraction|0 or 1|a row count|kernel or slices)",
+        SystemExit, match=f"mlxd serve: error: {env[0]}.*(a whole number|a row count|three int)"
     ):
         serve_cli.run(build_parser().parse_args(["serve", "--switch-interval", "engine"]))
 
 
-def test_step_order_flag_takes_only_the_four_orders(capsys) -> None:
+@pytest.mark.parametrize("order", ["later", "wait", "split"])
+def test_step_order_flag_takes_only_the_two_orders(order: str, capsys) -> None:
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "--step-order", "later"])
+        build_parser().parse_args(["serve", "--step-order", order])
     assert "--step-order" in capsys.readouterr().err
 
 
@@ -273,10 +289,15 @@ def test_step_order_flag_takes_only_the_four_orders(capsys) -> None:
      (["--prompt-concurrency", "4", "--prefill-step-size", "512"], 4 * 512)],
 )  # fmt: skip
 def test_prefill_waves_default_to_mlx_lms_largest_wave(flags: list[str], budget) -> None:
-    from mlxd.engine.prompt_waves import wave_budget
+    engine = parse_config(flags).resolved().engine
+    assert engine.prefill_tokens == budget
 
-    a = build_parser().parse_args(["serve", *flags])
-    assert wave_budget(a.prefill_batch_tokens, a.prompt_concurrency, a.prefill_step_size) == budget
+
+@pytest.mark.parametrize("value", ["150%", "0%", "lots", "12XB"])
+def test_memory_budget_must_be_a_size_or_a_percentage(value: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--memory-budget", value])
+    assert "--memory-budget" in capsys.readouterr().err
 
 
 def test_prefill_batch_tokens_refuses_a_negative_count() -> None:
