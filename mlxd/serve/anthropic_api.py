@@ -12,7 +12,6 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from . import sse
 from .anthropic_convert import (
     Conversation,
     constrain,
@@ -22,23 +21,21 @@ from .anthropic_convert import (
     render,
 )
 from .anthropic_stream import StopWords, error_event, events, fold
-from .body import read_json
-from .errors import bad_request
+from .app import ServerState
+from .errors import bad_request, read_json
 from .generation import Generation
-from .offload import offload
-from .params import GenParams
+from .params import GenParams, load_model
 from .prompt import Prompt
 from .provider import Served
-from .request_checks import load_model
-from .state import ServerState
-from .waiting import until_done_or_disconnect
+from .schemas import body_schema
+from .streaming import offload, sse_event, sse_stream, until_done_or_disconnect
 
 log = logging.getLogger("mlxd.serve")
 
 
 async def _prompt(state: ServerState, body: dict[str, Any]) -> tuple[Served, Conversation, Prompt]:
     model_name(body)
-    conv = convert_request(body, state.template_args)
+    conv = convert_request(body, state.config.chat_template_args)
     served = await load_model(state, body, fallback=True)
     prompt = await offload(lambda: render(served.tokenizer, conv))
     return served, conv, prompt
@@ -56,14 +53,14 @@ async def _messages(request: Request, state: ServerState, arrival: Any) -> Respo
     stream = body.get("stream", False)
     if not isinstance(stream, bool | None):
         raise bad_request("stream must be of type bool", "stream")
-    params = read_params(body, state.args)
+    params = read_params(body, state.config)
     served, conv, prompt = await _prompt(state, body)
     constrain(params, body, conv.tools)
     gen = Generation(served, prompt, params, conv.tools, state.metrics, "messages", arrival)
-    await gen.start(state.args)
+    await gen.start(state)
     reply = events(gen, model, StopWords(served.tokenizer, params.stop), conv.prefill)
     if stream:
-        return sse.stream(_frames(reply), gen.behind)
+        return sse_stream(_frames(reply), gen.behind)
     message = await until_done_or_disconnect(request, fold(reply), gen)
     return JSONResponse(message)
 
@@ -73,10 +70,10 @@ async def _frames(reply: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[
     async with aclosing(reply):
         try:
             async for event in reply:
-                yield sse.event(event["type"], event)
+                yield sse_event(event["type"], event)
         except Exception as e:  # noqa: BLE001 - the status line is gone: Anthropic's error event
             log.exception("a stream failed after its status line: error event sent")
-            yield sse.event("error", error_event(e))
+            yield sse_event("error", error_event(e))
 
 
 async def count_tokens(request: Request) -> Response:
@@ -87,111 +84,11 @@ async def count_tokens(request: Request) -> Response:
     return JSONResponse({"input_tokens": len(prompt.tokens)})
 
 
-# The request bodies (for the OpenAPI document and the fuzz tests). The handlers validate
-# bodies themselves and answer 400 naming the field; this mirrors what they accept (an
-# optional field may be null: the same as leaving it out).
-def _null(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-def _obj(required: list[str], **properties: Any) -> dict[str, Any]:
-    return {"type": "object", "required": required, "properties": properties}
-
-
-_STR: dict[str, Any] = {"type": "string"}
-_TEXT = _obj(["type", "text"], type={"const": "text"}, text=_STR)
-_TOOL_RESULT = _obj(
-    ["type", "tool_use_id"],
-    type={"const": "tool_result"},
-    tool_use_id=_STR,
-    content=_null({"oneOf": [_STR, {"type": "array", "items": _TEXT}]}),
-    is_error=_null({"type": "boolean"}),
-)
-_TOOL_USE = _obj(
-    ["type", "id", "name", "input"],
-    type={"const": "tool_use"},
-    id=_STR,
-    name=_STR,
-    input={"type": "object"},
-)
-_THINKING = _obj(["type", "thinking"], type={"const": "thinking"}, thinking=_STR)
-_REDACTED = _obj(["type"], type={"const": "redacted_thinking"})  # dropped unread
-
-
-def _turn(role: str, *blocks: dict[str, Any]) -> dict[str, Any]:
-    content = {"oneOf": [_STR, {"type": "array", "items": {"oneOf": list(blocks)}}]}
-    return _obj(["role", "content"], role={"const": role}, content=content)
-
-
-_PROMPT_FIELDS: dict[str, Any] = {
-    "model": _STR,
-    "messages": {
-        "type": "array",
-        "minItems": 1,
-        "items": {
-            "oneOf": [
-                _turn("user", _TEXT, _TOOL_RESULT),  # images and documents: 400
-                _turn("assistant", _TEXT, _TOOL_USE, _THINKING, _REDACTED),
-            ]
-        },
-    },
-    "system": _null({"oneOf": [_STR, {"type": "array", "items": _TEXT}]}),
-    "tools": _null(
-        {
-            "type": "array",
-            "items": _obj(
-                ["name", "input_schema"],
-                type=_null({"const": "custom"}),  # server tools: 400
-                name={"type": "string", "minLength": 1},
-                description=_null(_STR),
-                input_schema={"type": "object"},
-            ),
-        }
-    ),
-    # `any` and `tool` need constrained decoding: 400
-    "tool_choice": _null(_obj(["type"], type={"enum": ["auto", "none"]})),
-    "thinking": _null(
-        _obj(
-            ["type"],
-            type={"enum": ["enabled", "adaptive", "disabled"]},
-            budget_tokens=_null({"type": "integer", "minimum": 0}),
-        )
-    ),
-    # `format` (structured outputs) needs constrained decoding: 400
-    "output_config": _null(
-        {"type": "object", "properties": {"effort": _null(_STR), "format": {"type": "null"}}}
-    ),
-}
-SCHEMAS: dict[str, dict[str, Any]] = {
-    "messages": _obj(
-        ["model", "messages", "max_tokens"],
-        **_PROMPT_FIELDS,
-        max_tokens={"type": "integer", "minimum": 1},
-        temperature=_null({"type": "number", "minimum": 0}),
-        top_p=_null({"type": "number", "minimum": 0, "maximum": 1}),
-        top_k=_null({"type": "integer", "minimum": 0}),
-        stop_sequences=_null({"type": "array", "items": _STR}),
-        stream=_null({"type": "boolean"}),
-        metadata=_null({"type": "object"}),
-    ),
-    "count_tokens": _obj(["model", "messages"], **_PROMPT_FIELDS),
-}
-
-
-def _body(name: str) -> dict[str, Any]:
-    schema = SCHEMAS[name]
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-def add_routes(app: FastAPI, state: ServerState) -> None:
+def add_routes(app: FastAPI) -> None:
     for path, endpoint, name in (
         ("/v1/messages", messages, "messages"),
         ("/v1/messages/count_tokens", count_tokens, "count_tokens"),
     ):
         app.add_api_route(
-            path,
-            endpoint,
-            methods=["POST"],
-            openapi_extra=_body(name),
-            response_model=None,
+            path, endpoint, methods=["POST"], openapi_extra=body_schema(name), response_model=None
         )

@@ -116,7 +116,7 @@ def constrain(params: GenParams, body: dict[str, Any], tools: list[dict] | None)
     """`output_config.format` and `tool_choice` any / tool as the row's constraint (a 400
     naming the field when bad, or when both are asked for)."""
     from ..constrain import ConstraintError, from_response_format
-    from .forced_tools import forced_tool
+    from .text import forced_tool
 
     fmt = (body.get("output_config") or {}).get("format")
     try:

@@ -22,7 +22,7 @@ from contextlib import aclosing
 from typing import Any
 
 from .generation import Generation
-from .textstream import Delta, ToolCall
+from .text import Delta, ToolCall
 
 # OpenAI-style finish reasons (Chunk.finish) -> Anthropic stop reasons.
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

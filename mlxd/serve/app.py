@@ -1,33 +1,55 @@
-"""The ASGI app: routes per API, errors in each API's shape, CORS and the API key."""
+"""The ASGI app: each API's routes, errors in each API's shape, CORS and the API key, and what
+the handlers share (`ServerState`); `/v1/models` and `/health` are here too."""
 
 import contextlib
+import hmac
+import json
 import logging
+import platform
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
 from fastapi import FastAPI
+from mlx_lm import __version__ as mlx_lm_version
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
-from . import models_api, openai_api
-from .auth import APIKeyMiddleware
-from .errors import APIError, error_response
-from .offload import offload
+from ..config import ServeConfig
+from .errors import APIError, anthropic_body, error_response, is_anthropic_path, openai_body
+from .provider import ModelProvider
 from .schemas import body_schema
-from .state import ServerState
+from .streaming import offload
 
 log = logging.getLogger("mlxd.serve")
 
 
-def _post(app: FastAPI, path: str, endpoint: Any, schema: str) -> None:
-    app.add_api_route(
-        path, endpoint, methods=["POST"], openapi_extra=body_schema(schema), response_model=None
-    )
+def system_fingerprint() -> str:
+    """mlx_lm.server's fingerprint: versions, platform and the device architecture."""
+    try:
+        arch = mx.device_info().get("architecture", "")
+    except Exception:  # noqa: BLE001 - some backends have no device info
+        arch = ""
+    return f"{mlx_lm_version}-{mx.__version__}-{platform.platform()}-{arch}"
+
+
+@dataclass
+class ServerState:
+    config: ServeConfig
+    provider: ModelProvider
+    metrics: Any = None  # metrics.Metrics
+    store: Any = None  # responses_api.ResponseStore
+    started: float = field(default_factory=time.time)
+    fingerprint: str = field(default_factory=system_fingerprint)
 
 
 def build_app(state: ServerState) -> FastAPI:
+    from . import anthropic_api, metrics, openai_api, responses_api  # they import ServerState
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
@@ -37,14 +59,20 @@ def build_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="mlxd", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.mlxd = state
-    _post(app, "/v1/chat/completions", openai_api.chat_completions, "chat")
-    _post(app, "/chat/completions", openai_api.chat_completions, "chat")
-    _post(app, "/v1/completions", openai_api.completions, "completions")
-    app.add_api_route("/v1/models", models_api.list_models, methods=["GET"])
-    app.add_api_route("/v1/models/{model_id:path}", models_api.get_model, methods=["GET"])
-    app.add_api_route("/health", models_api.health, methods=["GET"])
-    for extra in _optional_routes():
-        extra(app, state)
+    for path, endpoint, schema in (
+        ("/v1/chat/completions", openai_api.chat_completions, "chat"),
+        ("/chat/completions", openai_api.chat_completions, "chat"),
+        ("/v1/completions", openai_api.completions, "completions"),
+    ):
+        app.add_api_route(
+            path, endpoint, methods=["POST"], openapi_extra=body_schema(schema), response_model=None
+        )
+    app.add_api_route("/v1/models", list_models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", get_model, methods=["GET"])
+    app.add_api_route("/health", health, methods=["GET"])
+    anthropic_api.add_routes(app)
+    responses_api.add_routes(app, state)
+    metrics.add_routes(app)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> Response:
@@ -61,28 +89,112 @@ def build_app(state: ServerState) -> FastAPI:
         err = APIError(500, f"internal error: {type(exc).__name__}: {exc}")
         return error_response(err, request.url.path)
 
-    origins = state.args.allowed_origins
+    origins = state.config.allowed_origins
     app.add_middleware(
         CORSMiddleware,
         allow_origins=origins if isinstance(origins, list) else [origins],
         allow_methods=["*"],
         allow_headers=["*"],
     )
-    app.add_middleware(APIKeyMiddleware, key=state.args.api_key)
+    app.add_middleware(APIKeyMiddleware, key=state.config.api_key)
     if state.metrics is not None:
         state.metrics.install(app)
     return app
 
 
-def _optional_routes() -> list[Any]:
-    """Route groups living in their own modules (Anthropic, Responses, metrics)."""
-    routes = []
-    for name in ("anthropic_api", "responses_api", "metrics"):
-        try:
-            module = __import__(f"mlxd.serve.{name}", fromlist=["add_routes"])
-        except ModuleNotFoundError as e:
-            if e.name != f"mlxd.serve.{name}":
-                raise
+class APIKeyMiddleware:
+    """`--api-key`: every endpoint but /health needs `Authorization: Bearer KEY` or Anthropic's
+    `x-api-key: KEY`; a wrong or missing key is a 401 in the API's shape. CORS preflights pass."""
+
+    OPEN_PATHS = {"/health"}
+
+    def __init__(self, app, key: str | None) -> None:
+        self.app, self.key = app, key
+
+    def _presented(self, headers: dict[bytes, bytes]) -> str | None:
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        key = headers.get(b"x-api-key")
+        return key.decode("latin-1").strip() if key is not None else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.key is None or scope["type"] != "http" or scope["path"] in self.OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        if scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        given = self._presented(headers)
+        if given is not None and hmac.compare_digest(given.encode(), self.key.encode()):
+            return await self.app(scope, receive, send)
+        err = APIError(401, "missing or invalid API key")
+        path = scope["path"]
+        body = json.dumps(anthropic_body(err) if is_anthropic_path(path) else openai_body(err))
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"www-authenticate", b"Bearer")],
+            }
+        )  # fmt: skip
+        await send({"type": "http.response.body", "body": body.encode()})
+
+
+# `/v1/models`: the served model, models loaded on request, and the mlx-lm models in the local
+# Hugging Face cache, as mlx_lm.server scans it.
+_HF_FILES = ("config.json", "model.safetensors.index.json", "tokenizer_config.json")
+
+
+def _hf_cache_models() -> list[dict[str, Any]]:
+    """Repos in the HF cache that look like mlx-lm models (mlx_lm.server's rule)."""
+    try:
+        from huggingface_hub import constants, scan_cache_dir
+
+        info = scan_cache_dir(constants.HF_HUB_CACHE)  # read now, not at hub import
+    except Exception:  # noqa: BLE001 - no cache or an unreadable one: nothing to list
+        return []
+    out = []
+    for repo in info.repos:
+        if repo.repo_type != "model":
             continue
-        routes.append(module.add_routes)
-    return routes
+        files = {f.file_name for rev in repo.revisions for f in rev.files}
+        if not all(f in files for f in _HF_FILES):
+            continue
+        out.append({"id": repo.repo_id, "object": "model", "created": int(repo.last_modified)})
+    return out
+
+
+def _listing(state: ServerState) -> list[dict[str, Any]]:
+    now = int(state.started)
+    seen, data = set(), []
+    for served in state.provider.loaded():
+        if served.name not in seen:
+            seen.add(served.name)
+            data.append({"id": served.name, "object": "model", "created": now, "owned_by": "mlxd"})
+    for entry in _hf_cache_models():
+        if entry["id"] not in seen:
+            seen.add(entry["id"])
+            data.append(entry)
+    return data
+
+
+async def list_models(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.mlxd
+    return JSONResponse({"object": "list", "data": _listing(state)})
+
+
+async def get_model(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.mlxd
+    wanted = request.path_params["model_id"]
+    for entry in _listing(state):
+        if entry["id"] == wanted:
+            return JSONResponse(entry)
+    raise APIError(404, f"model '{wanted}' not found", param="model", code="model_not_found")
+
+
+async def health(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.mlxd
+    if state.provider.default.engine.alive:
+        return JSONResponse({"status": "ok", "uptime_s": round(time.time() - state.started, 1)})
+    return JSONResponse({"status": "unavailable"}, status_code=503)

@@ -1,16 +1,25 @@
-"""`--kv-budget` and `--memory-budget`: how many bytes of KV cache the running rows may hold.
+"""What a served model may hold: its KV budget (`--kv-budget`, `--memory-budget`), MLX's memory
+limit, and its prompt store (mlx_lm.server's --prompt-cache-size and --prompt-cache-bytes for
+the RAM tier, mlxd's --ssd-cache* for the disk tier).
 
 A memory budget covers the weights, the KV cache and working memory: the KV budget is what is
 left after the weights and a headroom for activations (1/16 of the budget, at least 256 MB).
 It is also MLX's memory limit, so the buffer cache gives memory back rather than grow past it.
 """
 
+import logging
 import os
-from typing import Any
+from pathlib import Path
 
 from mlx_lm.utils import _parse_size
 
+from ..config import ServeConfig
 from ..model import ModelLoadError
+from ..model.fingerprint import fingerprint
+from ..store import PrefixStore
+from ..store.ssd import SSDTier
+
+log = logging.getLogger("mlxd.serve")
 
 
 def total_memory() -> int:
@@ -26,44 +35,62 @@ def total_memory() -> int:
 
 
 def parse_memory(text: str) -> int:
-    """Bytes from "24GB", "24000000000" or "75%" (of the machine's memory)."""
+    """Bytes from "24GB", "24000000000" or "75%" (of the machine's memory); ServeConfig has
+    checked the text."""
     text = text.strip()
     if text.endswith("%"):
-        try:
-            pct = float(text[:-1])
-        except ValueError as e:
-            raise ModelLoadError(f"--memory-budget: '{text}' is not a percentage") from e
-        if not 0 < pct <= 100:
-            raise ModelLoadError("--memory-budget: a percentage must be in (0, 100]")
-        return int(total_memory() * pct / 100)
-    try:
-        return int(_parse_size(text))
-    except (ValueError, KeyError) as e:
-        raise ModelLoadError(f"--memory-budget: cannot read '{text}' as a size") from e
+        return int(total_memory() * float(text[:-1]) / 100)
+    return int(_parse_size(text))
 
 
-def kv_budget_from(args: Any, weight_bytes: int) -> int | None:
-    budget = args.kv_budget
-    if args.memory_budget is not None:
-        total = parse_memory(args.memory_budget)
+def kv_budget_from(config: ServeConfig, weight_bytes: int) -> int | None:
+    budget = config.kv_budget
+    if config.memory_budget is not None:
+        total = parse_memory(config.memory_budget)
         headroom = max(total // 16, 256 << 20)
         left = total - weight_bytes - headroom
         if left <= 0:
             raise ModelLoadError(
-                f"--memory-budget {args.memory_budget} ({total} bytes) leaves no room for the KV "
-                f"cache: the weights take {weight_bytes} bytes and working memory {headroom}"
+                f"--memory-budget {config.memory_budget} ({total} bytes) leaves no room for the "
+                f"KV cache: the weights take {weight_bytes} bytes and working memory {headroom}"
             )
         budget = left if budget is None else min(budget, left)
     return budget
 
 
-def hold_to_budget(args: Any) -> int | None:
+def hold_to_budget(config: ServeConfig) -> int | None:
     """MLX's memory limit at --memory-budget: past it, MLX's allocator frees cached buffers
     before it allocates. Its own default is most of the device (80-95% of a CUDA card), and
     with --prefill-clear-cache off (CUDA's auto) the cache would grow that far. Returns the
     limit it replaced (None: no budget, nothing set)."""
-    if args.memory_budget is None:
+    if config.memory_budget is None:
         return None
     import mlx.core as mx
 
-    return int(mx.set_memory_limit(parse_memory(args.memory_budget)))
+    return int(mx.set_memory_limit(parse_memory(config.memory_budget)))
+
+
+def make_store(
+    config: ServeConfig, folder: Path, adapter: str | None, kv_budget: int | None = None
+) -> tuple[PrefixStore | None, str]:
+    """The store and the namespace its entries are keyed by (the model and adapter bytes).
+    Without --prompt-cache-bytes, a KV budget (--kv-budget, or what --memory-budget leaves)
+    bounds stored and running caches together, as --prompt-cache-bytes would."""
+    size = config.prompt_cache_size
+    if size <= 0 and not config.ssd_cache:
+        return None, ""
+    namespace = fingerprint(folder, adapter)
+    ssd = None
+    if config.ssd_cache:
+        root = Path(config.ssd_cache).expanduser()
+        ssd = SSDTier(root, int(config.ssd_cache_max), queue_depth=16)
+        log.info("disk prompt cache in %s (%d entries found)", root, ssd.stats()["entries"])
+    grid = config.prefill_step_size if config.prefix_deterministic else 0
+    store = PrefixStore(
+        max_bytes=config.prompt_cache_bytes if config.prompt_cache_bytes is not None else kv_budget,
+        max_entries=max(size, 0),
+        ssd=ssd,
+        demote_idle_s=config.ssd_demote_idle,
+        grid=grid,
+    )
+    return store, namespace

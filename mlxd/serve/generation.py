@@ -11,15 +11,14 @@ from typing import Any
 from mlx_lm.generate import make_text_state_machine
 
 from ..engine import KVBudgetExceeded, Overloaded
-from ..engine.handle import RequestHandle
+from ..engine.request import RequestHandle
 from .errors import APIError, bad_request
-from .forced_tools import ForcedToolText
-from .offload import offload
 from .params import GenParams
 from .prompt import Prompt
 from .provider import Served
 from .row_request import build_request
-from .textstream import ChoiceText, Delta
+from .streaming import offload
+from .text import ChoiceText, Delta, ForcedToolText
 
 _machines: dict[tuple[int, tuple[str, ...]], Any] = {}
 
@@ -84,12 +83,14 @@ class Generation:
         self._last_at: float | None = None
         self.finish_reasons: list[str] = []
 
-    async def start(self, args: Any) -> None:
-        """Submit; refusals become API errors (429 queue full, 400 never fits)."""
+    async def start(self, state: Any) -> None:
+        """Submit (with the server's `state`: its config and KV scheme); refusals become API
+        errors (429 queue full, 400 never fits)."""
 
         def submit() -> list[RequestHandle]:
             try:
-                req = build_request(self.served, self.prompt, self.params, args)
+                kv_config = state.provider.kv_config
+                req = build_request(self.served, self.prompt, self.params, state.config, kv_config)
                 engine = self.served.engine
                 if self.params.n == 1:
                     return [engine.submit(req, self.arrival)]

@@ -5,22 +5,22 @@ rows and KV read at scrape time. Each app has its own registry, so servers can s
 `mlxd_kv_bytes_in_use` is the KV *reservation* admission holds for the running rows (their
 worst case, prompt + max_tokens); without a `--kv-budget` / `--memory-budget` nothing is
 reserved and it reads 0. Reading the live caches would mean touching MLX arrays off the engine
-thread, which the engine forbids."""
+thread, which the engine forbids: every gauge here reads plain numbers (the engines' and
+stores' counters, MLX's allocator), never an MLX array."""
 
 from collections.abc import Iterator
 from typing import Any
 
+import mlx.core as mx
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match
 
 from .errors import APIError
-from .metrics_memory import MemoryCollector
-from .metrics_store import StoreCollector
-from .offload import offload
+from .streaming import offload
 
 # 1 ms .. 30 s, roughly x2.5 per step: decode gaps on a GPU through long prefills on a CPU.
 LATENCY_BUCKETS = (
@@ -71,6 +71,73 @@ class EngineCollector:
         yield from (running, waiting, in_use, budget, speed, per_token)
 
 
+class StoreCollector:
+    """Each served model's prefix store, by tier."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        tier = ["model", "tier"]
+        held = GaugeMetricFamily("mlxd_prefix_store_bytes", "Bytes the store holds", labels=tier)
+        count = GaugeMetricFamily("mlxd_prefix_store_entries", "Entries in the store", labels=tier)
+        lookups = CounterMetricFamily(
+            "mlxd_prefix_store_lookups", "Admissions that looked a prompt up", labels=["model"]
+        )
+        hits = CounterMetricFamily(
+            "mlxd_prefix_store_hits", "Lookups served a prefix, by tier", labels=tier
+        )
+        tokens = CounterMetricFamily(
+            "mlxd_prefix_store_hit_tokens",
+            "Prompt tokens served instead of prefilled",
+            labels=["model"],
+        )
+        bad = CounterMetricFamily(
+            "mlxd_prefix_store_quarantined", "Disk entries that failed a check", labels=["model"]
+        )
+        provider = getattr(self.state, "provider", None)
+        for served in provider.loaded() if provider is not None else []:
+            sharing = served.engine.sharing
+            if sharing is None:
+                continue
+            s = sharing.store.stats()
+            name = served.name
+            held.add_metric([name, "ram"], s["ram_bytes"])
+            count.add_metric([name, "ram"], s["ram_entries"])
+            lookups.add_metric([name], s["lookups"])
+            hits.add_metric([name, "ram"], s["hits"] - s["ssd_hits"])
+            hits.add_metric([name, "ssd"], s["ssd_hits"])
+            tokens.add_metric([name], s["hit_tokens"])
+            if (ssd := s.get("ssd")) is not None:
+                held.add_metric([name, "ssd"], ssd["bytes"])
+                count.add_metric([name, "ssd"], ssd["entries"])
+                bad.add_metric([name], ssd["quarantined"])
+        yield from (held, count, lookups, hits, tokens, bad)
+
+
+# MLX's allocator in this process: its buffer cache is what grows on CUDA, where mlxd never
+# clears it (`--prefill-clear-cache auto`), so the gauge shows how close the process is to its
+# limit.
+MEMORY_KINDS = {
+    "active": mx.get_active_memory,  # the live arrays: weights, KV, a step's intermediates
+    "cache": mx.get_cache_memory,  # freed buffers kept for reuse
+    "peak": mx.get_peak_memory,  # active's high-water mark since start
+    "limit": mx.get_memory_limit,  # past it the cache is trimmed: --memory-budget or MLX's own
+}
+
+
+class MemoryCollector:
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "mlxd_mlx_memory_bytes",
+            "MLX allocator bytes in this process (every model served here), by kind",
+            labels=["kind"],
+        )
+        for kind, read in MEMORY_KINDS.items():
+            gauge.add_metric([kind], read())
+        yield gauge
+
+
 class Metrics:
     def __init__(self, state: Any) -> None:
         self.registry = r = CollectorRegistry(auto_describe=False)
@@ -78,35 +145,26 @@ class Metrics:
             "mlxd_requests", "HTTP requests by route and status", ["endpoint", "status"], registry=r
         )
         ep = ["endpoint"]
-        self.ttft = Histogram(
-            "mlxd_time_to_first_token_seconds",
-            "Submit to first token, per request",
-            ep,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+
+        def latency(name: str, text: str) -> Histogram:
+            return Histogram(name, text, ep, buckets=LATENCY_BUCKETS, registry=r)
+
+        self.ttft = latency(
+            "mlxd_time_to_first_token_seconds", "Submit to first token, per request"
         )
-        self.itl = Histogram(
+        self.itl = latency(
             "mlxd_inter_token_latency_seconds",
             "Gaps between a request's tokens as they reach the server",
-            ep,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         # The engine's split of a first token's wait (vLLM's queue / prefill times): what TTFT
         # is made of when many agents arrive at once.
-        self.queue = Histogram(
+        self.queue = latency(
             "mlxd_request_queue_seconds",
             "Submit to admission into a row, per row that produced a token",
-            ep,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.prefill = Histogram(
+        self.prefill = latency(
             "mlxd_request_prefill_seconds",
             "Admission to the row's first token (prefix fetch, prefill, join), per row",
-            ep,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
         self.prompt = Counter("mlxd_prompt_tokens", "Prompt tokens", ep, registry=r)
         self.cached = Counter(
@@ -191,10 +249,6 @@ class MetricsMiddleware:
                 self.metrics.requests.labels(endpoint, CLIENT_GONE).inc()
 
 
-def make_metrics(state: Any) -> Metrics:
-    return Metrics(state)
-
-
 async def metrics_endpoint(request: Request) -> Response:
     metrics = request.app.state.mlxd.metrics
     if metrics is None:
@@ -203,5 +257,5 @@ async def metrics_endpoint(request: Request) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def add_routes(app: Any, state: Any) -> None:
+def add_routes(app: Any) -> None:
     app.add_api_route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False)

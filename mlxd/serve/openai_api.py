@@ -1,8 +1,10 @@
 """`/v1/chat/completions`, `/chat/completions` and `/v1/completions`: mlx_lm.server's request
 fields and response shapes, with `reasoning_content` beside `reasoning`, `n` as rows, and
-`tool_choice` / `response_format` honoured or refused (never silently ignored)."""
+`tool_choice` / `response_format` honoured or refused (never silently ignored). Tool calls and
+logprobs carry mlx_lm.server's fields plus the OpenAI ones, so both kinds of client parse them."""
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,20 +14,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from . import sse
-from .body import read_json
-from .errors import APIError, bad_request, openai_body
-from .forced_tools import forced_tool
+from .app import ServerState
+from .errors import APIError, bad_request, openai_body, read_json
 from .generation import Chunk, Generation, TokenInfo
-from .offload import offload
-from .openai_json import logprobs_json, tool_call_json
-from .params import read_params
+from .params import GenParams, load_model, read_params, refuse_unsupported, tool_choice_tools
 from .prompt import Prompt, chat_prompt, normalize_messages, text_prompt
 from .provider import Served
-from .request_checks import load_model, refuse_unsupported, tool_choice_tools
-from .state import ServerState
-from .textstream import Delta
-from .waiting import until_done_or_disconnect
+from .streaming import offload, sse_data, sse_stream, until_done_or_disconnect
+from .text import Delta, ToolCall, forced_tool
 
 log = logging.getLogger("mlxd.serve")
 
@@ -46,7 +42,7 @@ class Completion:
         self.object = ("chat.completion" if chat else "text_completion") + (
             ".chunk" if self.stream and chat else ""
         )
-        self.params = read_params(body, state.args)
+        self.params = read_params(body, state.config)
         refuse_unsupported(body)
         self.tools = tool_choice_tools(body) if chat else None
         if chat and body.get("tool_choice") not in (None, "auto", "none"):
@@ -56,29 +52,27 @@ class Completion:
 
     def _force_tool(self, choice: Any) -> None:
         """tool_choice "required" or a named function: the row is constrained to the call's
-        JSON (forced_tools.py)."""
+        JSON (text.py)."""
         if self.params.constraint is not None:
             raise bad_request("tool_choice cannot force a call together with a response format",
                               "tool_choice")  # fmt: skip
         self.params.constraint, self.params.forced_tool = forced_tool(self.tools, choice)
 
     async def prompt(self, served: Served) -> Prompt:
-        tok = self.state.args, served.tokenizer
+        tok = served.tokenizer
         if not self.chat:
             if "prompt" not in self.body:
                 raise bad_request("Request did not contain a prompt", "prompt")
-            return await offload(lambda: text_prompt(tok[1], self.body["prompt"]))
+            return await offload(lambda: text_prompt(tok, self.body["prompt"]))
         if "messages" not in self.body:
             raise bad_request("Request did not contain messages", "messages")
         messages = normalize_messages(self.body["messages"])
         kwargs = self.body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")
-        template_args = {**self.state.template_args, **kwargs}
+        template_args = {**self.state.config.chat_template_args, **kwargs}
         mapping = self.body.get("role_mapping")
-        return await offload(
-            lambda: chat_prompt(tok[1], messages, self.tools, template_args, mapping)
-        )
+        return await offload(lambda: chat_prompt(tok, messages, self.tools, template_args, mapping))
 
     def _head(self) -> dict[str, Any]:
         return {
@@ -126,9 +120,9 @@ class Completion:
         gen = Generation(
             served, prompt, self.params, self.tools, self.state.metrics, endpoint, self.arrival
         )
-        await gen.start(self.state.args)
+        await gen.start(self.state)
         if self.stream:
-            return sse.stream(self._frames(gen, served), gen.behind)
+            return sse_stream(self._frames(gen, served), gen.behind)
         return await until_done_or_disconnect(request, self._whole(gen, served), gen)
 
     async def _whole(self, gen: Generation, served: Served) -> Response:
@@ -164,7 +158,7 @@ class Completion:
                     yield frame
             except Exception as e:  # noqa: BLE001 - the status line is gone: an error frame
                 log.exception("a stream failed after its status line: error frame sent")
-                yield sse.data(openai_body(APIError(500, f"{e}")))
+                yield sse_data(openai_body(APIError(500, f"{e}")))
                 yield "data: [DONE]\n\n"
 
     async def _token_frames(self, gen: Generation, served: Served) -> AsyncIterator[str]:
@@ -180,16 +174,16 @@ class Completion:
                 if chunk.finish is None:
                     continue  # mlx_lm.server sends only text, and nothing inside a tool block
             else:
-                yield sse.data(self._frame(i, pending[i], None, calls_sent, held, served))
+                yield sse_data(self._frame(i, pending[i], None, calls_sent, held, served))
                 calls_sent[i] += len(pending[i].tool_calls)
                 pending[i], held[i] = Delta(), []
             if chunk.finish is not None:  # its own last frame, as mlx_lm.server sends it
-                yield sse.data(self._frame(i, pending[i], chunk.finish, calls_sent, held, served))
+                yield sse_data(self._frame(i, pending[i], chunk.finish, calls_sent, held, served))
                 pending[i], held[i] = Delta(), []
         if self.include_usage:
             usage = {**self._head(), "choices": [], "usage": self.usage_json(gen)}
             usage["object"] = "chat.completion"  # mlx_lm.server's, for both endpoints
-            yield sse.data(usage)
+            yield sse_data(usage)
         yield "data: [DONE]\n\n"
 
     @staticmethod
@@ -218,3 +212,44 @@ async def _complete(request: Request, chat: bool) -> Response:
     with state.provider.arrivals.coming() as arrival:  # a new wave may wait for this one
         body = await read_json(request)
         return await Completion(state, body, chat, arrival).respond(request)
+
+
+def tool_call_json(call: ToolCall, index: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "function": {"name": call.name, "arguments": call.arguments},
+        "type": "function",
+        "id": call.id,
+    }
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+def logprobs_json(tokens: list[TokenInfo], tokenizer: Any, params: GenParams) -> dict | None:
+    """mlx_lm.server's shape ({id, logprob}, top entries {id, token, logprob}), with the OpenAI
+    fields `token` and `top_logprobs` on every entry so OpenAI clients parse it too."""
+    if not params.logprobs and params.top_logprobs <= 0:
+        return None
+    content = []
+    for t in tokens:
+        entry: dict[str, Any] = {"id": t.id, "token": tokenizer.convert_ids_to_tokens(t.id)}
+        entry["logprob"] = finite(t.logprob if t.logprob is not None else _logprob_from_top(t))
+        tops = t.top or []
+        names = tokenizer.convert_ids_to_tokens([i for i, _ in tops]) if tops else []
+        entry["top_logprobs"] = [
+            {"id": i, "token": s, "logprob": finite(lp)}
+            for (i, lp), s in zip(tops, names, strict=True)
+        ]
+        content.append(entry)
+    return {"content": content}
+
+
+def finite(lp: float | None) -> float | None:
+    """JSON has no infinities: a banned token's -inf is OpenAI's -9999.0, NaN is null."""
+    if lp is None or math.isnan(lp):
+        return None
+    return max(lp, -9999.0)
+
+
+def _logprob_from_top(t: TokenInfo) -> float | None:
+    return next((lp for i, lp in t.top or [] if i == t.id), None)

@@ -1,11 +1,17 @@
-"""The generation fields every endpoint shares, read with mlx_lm.server's defaults and checks
-(its `_validate`, one 400 naming the field). Booleans are not accepted as numbers."""
+"""What every endpoint reads from a request before it reaches the engine: the generation
+fields, with mlx_lm.server's defaults and checks (its `_validate`, one 400 naming the field;
+booleans are not numbers), the model (and adapter) it names, the tools `tool_choice` leaves
+the template, and the fields mlxd refuses."""
 
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import bad_request
+from ..model import ModelLoadError
+from .app import ServerState
+from .errors import APIError, bad_request
+from .provider import Served
+from .streaming import offload
 
 
 @dataclass
@@ -85,7 +91,8 @@ def logit_bias(value: Any) -> dict[int, float] | None:
 
 
 def read_params(body: dict[str, Any], defaults: Any) -> GenParams:
-    """The OpenAI / mlx-lm sampling fields of a chat or completions body."""
+    """The OpenAI / mlx-lm sampling fields of a chat or completions body; `defaults`: the
+    server's (a ServeConfig's --temp, --top-p, --top-k, --min-p, --max-tokens)."""
 
     def g(key: str, default: Any = None) -> Any:
         value = body.get(key)  # an explicit null means "the default", as OpenAI treats it
@@ -149,3 +156,53 @@ def structured(body: dict[str, Any]) -> Any:
     if len(found) > 1:
         raise bad_request("give response_format or structured_outputs, not both", "response_format")
     return found[0] if found else None
+
+
+def tool_choice_tools(body: dict[str, Any]) -> list[dict] | None:
+    tools = body.get("tools") or None
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request("tools must be a list", "tools")
+    return apply_tool_choice(tools, body.get("tool_choice"), forcing=True)
+
+
+def apply_tool_choice(
+    tools: list[dict] | None, choice: Any, forcing: bool = False
+) -> list[dict] | None:
+    """The tools the template sees (OpenAI chat and Responses). `none` hides them; `required`
+    and a named function are constrained decoding: chat forces them (`forcing`), Responses
+    refuses them for now."""
+    if choice is None or choice == "auto":
+        return tools
+    if choice == "none":
+        return None
+    if (choice == "required" or isinstance(choice, dict)) and forcing:
+        return tools  # the caller constrains the row to the call (text.py)
+    if choice == "required" or isinstance(choice, dict):
+        raise bad_request(
+            "tool_choice 'required' and named functions need constrained decoding, which this "
+            "endpoint does not support yet; use 'auto' or 'none'",
+            "tool_choice",
+        )
+    raise bad_request("tool_choice must be 'none', 'auto', 'required' or an object", "tool_choice")
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    draft = body.get("draft_model")
+    if draft not in (None, "default_model"):
+        raise bad_request("draft_model: speculative decoding is not supported", "draft_model")
+    for name in ("echo", "best_of", "suffix"):
+        if body.get(name) not in (None, False, 1, ""):
+            raise bad_request(f"{name} is not supported", name)
+
+
+async def load_model(state: ServerState, body: dict[str, Any], fallback: bool = False) -> Served:
+    name = body.get("model", "default_model")
+    adapter = body.get("adapters")
+    if not isinstance(name, str):
+        raise bad_request("model must be of type str", "model")
+    if adapter is not None and not isinstance(adapter, str):
+        raise bad_request("adapters must be of type str", "adapters")
+    try:
+        return await offload(lambda: state.provider.get(name, adapter, fallback))
+    except ModelLoadError as e:
+        raise APIError(404, str(e), param="model", code="model_not_found") from e

@@ -1,17 +1,26 @@
 """Chat messages to prompt tokens, as mlx_lm.server builds them: text parts joined, assistant
 tool-call arguments parsed to dicts, the tokenizer's chat template with the server's and the
-request's template arguments (or mlx-lm's legacy role mapping when there is no template)."""
+request's template arguments (or mlx-lm's legacy role mapping when there is no template).
+
+The system messages rendered alone (the cut mlx_lm.server puts after the system prompt) are
+tokenized once per distinct rendering: every request of an agent fleet repeats one long system
+prompt, and encoding it again was about half of a request's CPU time in the server. Searches
+over a prompt's tokens run at C speed (list slices and `list.index`, no Python loop per token):
+a fleet's 32 prompts of ~4k tokens are built one after another under the GIL.
+"""
 
 import copy
 import json
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mlx_lm.server import convert_chat
 
 from .errors import bad_request
-from .system_tokens import SYSTEM_TOKENS
-from .token_search import mismatch, rfind
 
 
 @dataclass
@@ -135,3 +144,80 @@ def text_prompt(tokenizer: Any, prompt: Any) -> Prompt:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         return Prompt(tokenizer.encode(prompt[0]), "normal")
     raise bad_request("prompt must be a string or a list of token ids", "prompt")
+
+
+class SystemTokens:
+    """A small LRU per tokenizer. A hit needs the same inputs and the same rendered text (a
+    template may print the date), so it returns what `apply_chat_template` would."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._per_tokenizer: weakref.WeakKeyDictionary[Any, OrderedDict] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.hits = self.misses = 0
+
+    def get(
+        self, tokenizer: Any, alone: list[dict], tools: Any, template_args: dict[str, Any]
+    ) -> list[int]:
+        args = {"tools": tools, "add_generation_prompt": False, **template_args}
+        if self.size <= 0:  # off
+            return _tokens(tokenizer.apply_chat_template(alone, tokenize=True, **args))
+        text = tokenizer.apply_chat_template(alone, tokenize=False, **args)
+        key = (json.dumps([alone, tools, template_args], sort_keys=True, default=repr), text)
+        with self._lock:
+            lru = self._per_tokenizer.setdefault(tokenizer, OrderedDict())
+            tokens = lru.get(key)
+            if tokens is not None:
+                lru.move_to_end(key)
+                self.hits += 1
+                return tokens
+        tokens = _tokens(tokenizer.apply_chat_template(alone, tokenize=True, **args))
+        with self._lock:
+            self.misses += 1
+            lru[key] = tokens
+            while len(lru) > self.size:
+                lru.popitem(last=False)
+        return tokens
+
+
+def _tokens(out: Any) -> list[int]:
+    return list(out["input_ids"] if isinstance(out, dict) else out)  # BatchEncoding or ids
+
+
+SYSTEM_TOKENS = SystemTokens()
+
+
+def mismatch(a: Sequence[int], b: Sequence[int]) -> int:
+    """The first index where `a` and `b` differ within their common length; 0 when one is a
+    prefix of the other (`next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 0)`)."""
+    a, b = list(a), list(b)  # slices compare by value only between lists
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return 0
+    lo, hi = 0, n  # a[:lo] == b[:lo]; a differs from b somewhere in [lo, hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def rfind(tokens: list[int] | tuple[int, ...], sequence: Sequence[int]) -> int:
+    """The last start of `sequence` in `tokens`, -1 if none: mlx-lm's
+    `TokenizerWrapper._find(tokens, sequence, reverse=True)` over the whole list."""
+    first, rest, found = sequence[0], tuple(sequence[1:]), -1
+    last_start = len(tokens) - len(sequence)
+    i = 0
+    while i <= last_start:
+        try:
+            i = tokens.index(first, i, last_start + 1)
+        except ValueError:
+            break
+        if tuple(tokens[i + 1 : i + len(sequence)]) == rest:
+            found = i
+        i += 1
+    return found

@@ -8,9 +8,8 @@ it (at most `max_others`, least recently used evicted); a name that cannot load 
 import collections
 import json
 import logging
-import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,22 +17,17 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..engine import Engine, step_order
+from ..config import DEFAULT_MODEL_NAME, ServeConfig
+from ..engine import Engine
 from ..engine.arrivals import Arrivals
-from ..engine.batch import BatchConfig
-from ..engine.batch_prompt import clears_cache
-from ..engine.gil import step_phases
-from ..engine.prompt_waves import wave_budget
-from ..kv import additive_mask, mixed
+from ..kv import mixed
 from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
-from ..model.default import DEFAULT_MODEL_NAME
 from ..model.folded_attention import is_folded, is_fused
 from ..model.folded_attention import unsupported as unfoldable
 from ..model.fused_projections import stack_in_place
 from ..model.resolve import resolve_model
-from .budget import hold_to_budget, kv_budget_from
-from .store import make_store
+from .budget import hold_to_budget, kv_budget_from, make_store
 
 log = logging.getLogger("mlxd.serve")
 
@@ -64,87 +58,67 @@ def _context_length(folder: Path) -> int | None:
 
 
 class ModelProvider:
-    def __init__(self, args: Any, max_others: int = 1) -> None:
-        self.args = args
+    def __init__(self, config: ServeConfig, max_others: int = 1) -> None:
+        self.config = config.resolved()
         self.max_others = max_others
         self._lock = threading.Lock()
+        try:  # --kv-config: every row's per-layer KV scheme
+            self.kv_config = mixed.from_flags(config.kv_config, config.kv_bits)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from e
         # Requests on their way to any engine here (engine/arrivals.py: the join window).
-        # MLXD_JOIN_EXPECT=0: replies that ended do not hold a wave; MLXD_JOIN_LEAD=0: a long
-        # prompt the store lacks is held with the rest (each the A/B's other side).
-        expect = os.environ.get("MLXD_JOIN_EXPECT", "1") != "0"
-        lead = os.environ.get("MLXD_JOIN_LEAD", "1") != "0"
-        self.arrivals = Arrivals(getattr(args, "join_window", 0.0), expect, lead)
-        self.default = self._load(args.model, args.adapter_path)
-        self._limit_before = hold_to_budget(args)  # once the budget is known to hold the weights
+        self.arrivals = Arrivals(config.join_window)
+        self.default = self._load(config.model, config.adapter_path)
+        self._limit_before = hold_to_budget(config)  # once the budget is known to hold the weights
         self._others: collections.OrderedDict[tuple, Served] = collections.OrderedDict()
 
     def _tokenizer_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"trust_remote_code": True} if self.args.trust_remote_code else {}
-        if self.args.chat_template:
-            config["chat_template"] = self.args.chat_template
+        c = self.config
+        config: dict[str, Any] = {"trust_remote_code": True} if c.trust_remote_code else {}
+        if c.chat_template:
+            config["chat_template"] = c.chat_template
         return config
 
     def _load(self, ref: str | None, adapter: str | None) -> Served:
+        c = self.config
         folder = resolve_model(ref)
         model, tokenizer = load(
             str(folder),
             tokenizer_config=self._tokenizer_config(),
             adapter_path=adapter,
-            trust_remote_code=self.args.trust_remote_code,
+            trust_remote_code=c.trust_remote_code,
         )[:2]
-        if self.args.use_default_chat_template and tokenizer.chat_template is None:
+        if c.use_default_chat_template and tokenizer.chat_template is None:
             tokenizer.chat_template = tokenizer.default_chat_template
-        a = self.args
-        window = getattr(a, "max_kv_size", None)
-        if (kv_config := getattr(a, "kv_config", None)) is not None:
+        if self.kv_config is not None:
             try:
-                mixed.check(model, kv_config, window)
+                mixed.check(model, self.kv_config, c.engine.max_kv_size)
             except ValueError as e:
                 raise ModelLoadError(f"{folder}: --kv-config: {e}") from e
         # Sliding-window layers are quantized too (quantize_windows): only a kv_config naming
         # a layer that holds no keys and values is refused.
-        if (why := unsupported(model, kv_config, window)) is not None:
+        if (why := unsupported(model, self.kv_config, c.engine.max_kv_size)) is not None:
             raise ModelLoadError(f"{folder}: {why}")
-        if is_folded(a.batched_attention) and (why := unfoldable(model, a.batched_attention)):
+        attention = c.engine.attention
+        if is_folded(attention) and (why := unfoldable(model, attention)):
             raise ModelLoadError(f"{folder}: {why}")
         weights = 0
-        if is_fused(a.batched_attention) or a.decode_step == "rows+fused":
+        if is_fused(attention) or c.engine.decode_fused:
             weights += stack_in_place(model)  # before any engine holds those weights; copies
             # only where a layer's slice of a stack would start off MLX's alignment
         weights += sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-        kv_budget = kv_budget_from(a, weights)
-        store, namespace = make_store(a, folder, adapter, kv_budget)
+        kv_budget = kv_budget_from(c, weights)
+        store, namespace = make_store(c, folder, adapter, kv_budget)
         engine = Engine(
             model,
-            batch=a.batch,
-            max_queue=a.max_queue,
-            prefill_step_size=a.prefill_step_size,
+            config=replace(c.engine, kv_budget=kv_budget),
             tokenizer=tokenizer,
-            kv_budget=kv_budget,
-            batch_config=BatchConfig(
-                a.batch,
-                min(a.batch, a.prompt_concurrency),
-                a.prefill_step_size,
-                attention=a.batched_attention,
-                clear_cache=clears_cache(a.prefill_clear_cache),
-                decode_rows=a.decode_step != "mlx",
-                decode_fused=a.decode_step == "rows+fused",
-                batch_sampling={"on": True, "off": False}.get(a.batched_sampling),
-                prefill_tokens=wave_budget(
-                    a.prefill_batch_tokens, min(a.batch, a.prompt_concurrency), a.prefill_step_size
-                ),
-                phases=step_phases(getattr(a, "switch_interval", None)),
-                step_order=step_order.resolved(getattr(a, "step_order", None)),
-                split_fraction=step_order.split_fraction(),
-                thread_rows=step_order.thread_rows(),
-                additive_mask=additive_mask.enabled(),
-            ),
             prefix_store=store,
             namespace=namespace,
             arrivals=self.arrivals,
         )
-        if a.kv_bits is not None:
-            engine.announce_scheme(a.kv_bits, a.kv_group_size)
+        if c.kv_bits is not None:
+            engine.announce_scheme(c.kv_bits, c.kv_group_size)
         name = ref if ref is not None else DEFAULT_MODEL_NAME
         ctx = _context_length(folder)
         return Served(name, model, tokenizer, engine, ctx, weights)
@@ -153,7 +127,7 @@ class ModelProvider:
         """The model a request names; raises ModelLoadError when it cannot be loaded, unless
         `fallback` (Anthropic clients send their own model ids): then the served model."""
         d = self.default
-        adapter = None if adapter == self.args.adapter_path else adapter
+        adapter = None if adapter == self.config.adapter_path else adapter
         if adapter is None and (name is None or name in SERVED_ALIASES or name == d.name):
             return d
         try:

@@ -1,8 +1,16 @@
 """OpenAI's Responses API: `POST /v1/responses` (plain or streamed), `GET` and `DELETE
 /v1/responses/{id}`. Responses are stored (unless `store: false`) so `previous_response_id`
 continues a conversation, across restarts too. Function tools and tool_choice auto/none are
-honoured; `required`, named tools and non-text formats need constrained decoding: a 400."""
+honoured; `required`, named tools and non-text formats need constrained decoding: a 400.
 
+Stored responses live in SQLite (`<data_dir>/responses.sqlite3`, WAL): each response's full
+input items (its history included, so a chain of `previous_response_id`s needs one read) and
+the response object. One connection behind a lock; the async methods run it off the event loop.
+"""
+
+import json
+import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -11,41 +19,16 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from . import sse
-from .body import read_json
-from .errors import APIError, bad_request
+from .app import ServerState
+from .errors import APIError, bad_request, read_json
 from .generation import Generation
-from .offload import offload
-from .params import GenParams, check, read_params
+from .params import GenParams, apply_tool_choice, check, load_model, read_params
 from .prompt import chat_prompt, normalize_messages
-from .request_checks import apply_tool_choice, load_model
 from .responses_convert import chat_tools, flat_tools, input_items, new_id, to_messages
-from .responses_store import ResponseStore
 from .responses_stream import ResponseRun
-from .state import ServerState
-from .waiting import until_done_or_disconnect
+from .schemas import body_schema
+from .streaming import offload, sse_stream, until_done_or_disconnect
 
-_OBJECT = {"type": "object"}
-REQUEST_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "model": {"type": "string"},
-        "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": _OBJECT}]},
-        "instructions": {"type": "string"},
-        "tools": {"type": "array", "items": {**_OBJECT, "required": ["type", "name"]}},
-        "tool_choice": {"oneOf": [{"enum": ["auto", "none", "required"]}, _OBJECT]},
-        "text": {"type": "object", "properties": {"format": _OBJECT}},
-        "max_output_tokens": {"type": "integer", "minimum": 1},
-        "temperature": {"type": "number", "minimum": 0},
-        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "stream": {"type": "boolean"},
-        "store": {"type": "boolean"},
-        "previous_response_id": {"type": "string"},
-        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
-        "parallel_tool_calls": {"type": "boolean"},
-        "chat_template_kwargs": {"type": "object"},
-    },
-}
 # mlx-lm sampling extras a Responses body may carry too (read with chat's rules).
 _EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
@@ -100,7 +83,7 @@ class ResponseRequest:
         self.all_tools = chat_tools(body.get("tools"))
         self.tools = apply_tool_choice(self.all_tools, body.get("tool_choice"))
         _refuse_unsupported(body)
-        self.params = _params(body, state.args)
+        self.params = _params(body, state.config)
 
     async def history(self) -> list[dict[str, Any]]:
         """The previous response's input items and output items (404 when not stored)."""
@@ -160,16 +143,16 @@ async def _create(request: Request, state: ServerState, arrival: Any) -> Respons
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")
-    template_args = {**state.template_args, **kwargs}
+    template_args = {**state.config.chat_template_args, **kwargs}
     prompt = await offload(
         lambda: chat_prompt(served.tokenizer, messages, req.tools, template_args)
     )
     gen = Generation(served, prompt, req.params, req.tools, state.metrics, "responses", arrival)
-    await gen.start(state.args)
+    await gen.start(state)
     model = body.get("model") or served.name
     run = ResponseRun(req.head(model), gen, items, state.store if req.store else None)
     if req.stream:
-        return sse.stream(run.frames(), gen.behind)
+        return sse_stream(run.frames(), gen.behind)
     return JSONResponse(await until_done_or_disconnect(request, run.whole(), gen))
 
 
@@ -195,13 +178,12 @@ async def delete_response(request: Request) -> Response:
 
 
 def add_routes(app: FastAPI, state: ServerState) -> None:
-    state.store = ResponseStore(Path(state.args.data_dir) / "responses.sqlite3")
-    body = {"content": {"application/json": {"schema": REQUEST_SCHEMA}}, "required": True}
+    state.store = ResponseStore(Path(state.config.data_dir) / "responses.sqlite3")
     app.add_api_route(
         "/v1/responses",
         create_response,
         methods=["POST"],
-        openapi_extra={"requestBody": body},
+        openapi_extra=body_schema("responses"),
         response_model=None,
     )
     path = "/v1/responses/{response_id}"
@@ -209,3 +191,57 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     app.add_api_route(path, delete_response, methods=["DELETE"], response_model=None)
     if isinstance(getattr(app.router, "on_shutdown", None), list):
         app.router.on_shutdown.append(state.store.close)
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    input TEXT NOT NULL,
+    response TEXT NOT NULL
+)
+"""
+
+
+class ResponseStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        # Autocommit: every write is its own transaction, durable before the call returns.
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.execute(_SCHEMA)
+
+    def put(self, response_id: str, items: list[dict[str, Any]], response: dict) -> None:
+        row = (response_id, time.time(), json.dumps(items), json.dumps(response))
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", row)
+
+    def get(self, response_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+        """(input items, response object), or None when unknown."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT input, response FROM responses WHERE id = ?", (response_id,)
+            ).fetchone()
+        return None if row is None else (json.loads(row[0]), json.loads(row[1]))
+
+    def delete(self, response_id: str) -> bool:
+        with self._lock:
+            cur = self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+        return cur.rowcount > 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    async def save(self, response_id: str, items: list[dict[str, Any]], response: dict) -> None:
+        await offload(lambda: self.put(response_id, items, response))
+
+    async def load(self, response_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+        return await offload(lambda: self.get(response_id))
+
+    async def remove(self, response_id: str) -> bool:
+        return await offload(lambda: self.delete(response_id))

@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import bad_request
 from .generation import Usage
-from .textstream import ToolCall
+from .text import ToolCall
 
 # Responses roles -> chat template roles (few local templates know `developer`).
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import sse
 from .generation import Chunk, Generation
 from .responses_convert import (
     function_call_item,
@@ -21,7 +20,8 @@ from .responses_convert import (
     response_object,
     usage_json,
 )
-from .textstream import ToolCall
+from .streaming import sse_event
+from .text import ToolCall
 
 log = logging.getLogger("mlxd.serve")
 
@@ -171,7 +171,7 @@ class ResponseRun:
         def frame(name: str, payload: dict[str, Any]) -> str:
             nonlocal seq
             seq += 1
-            return sse.event(name, {"type": name, "sequence_number": seq - 1, **payload})
+            return sse_event(name, {"type": name, "sequence_number": seq - 1, **payload})
 
         start = response_object(self.head, "in_progress", [], None)
         yield frame("response.created", {"response": start})

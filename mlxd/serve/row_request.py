@@ -5,6 +5,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..config import ServeConfig
 from ..engine import GenerationRequest, SamplingParams
 from .errors import bad_request
 from .params import GenParams
@@ -26,7 +27,10 @@ def constrained(served: Served, p: GenParams) -> Any:
         raise bad_request(str(e), e.param) from e
 
 
-def build_request(served: Served, prompt: Prompt, p: GenParams, args: Any) -> GenerationRequest:
+def build_request(
+    served: Served, prompt: Prompt, p: GenParams, config: ServeConfig, kv_config: Any = None
+) -> GenerationRequest:
+    """`kv_config`: the loaded --kv-config (a kv.mixed.MixedKV), or None."""
     tok = served.tokenizer
     n_prompt = len(prompt.tokens)
     if n_prompt == 0:
@@ -67,11 +71,11 @@ def build_request(served: Served, prompt: Prompt, p: GenParams, args: Any) -> Ge
     return GenerationRequest(
         prompt=mx.array(prompt.tokens),
         max_tokens=max_tokens,
-        prefill_step_size=args.prefill_step_size,
-        kv_bits=args.kv_bits,
-        kv_group_size=args.kv_group_size,
-        quantized_kv_start=args.quantized_kv_start,
-        kv_config=getattr(args, "kv_config", None),  # loaded by cli.generate.resolve_kv_config
+        prefill_step_size=config.prefill_step_size,
+        kv_bits=config.kv_bits,
+        kv_group_size=config.kv_group_size,
+        quantized_kv_start=config.quantize_from,
+        kv_config=kv_config,
         # Where mlx_lm.server fails mid-request ("RotatingKVCache Quantization NYI"), mlxd
         # quantizes sliding-window layers too (kv/rotating_quantized.py, mlx-optiq's bits).
         quantize_windows=True,

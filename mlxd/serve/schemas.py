@@ -1,5 +1,6 @@
-"""Request-body JSON Schemas for the OpenAPI document (what clients and the fuzz test read).
-Handlers validate bodies themselves, with mlx_lm.server's rules and messages."""
+"""Request-body JSON Schemas for the OpenAPI document (what clients and the fuzz tests read):
+OpenAI chat and completions, Anthropic Messages, OpenAI Responses. Handlers validate bodies
+themselves, with mlx_lm.server's rules and messages (and Anthropic's, and OpenAI's)."""
 
 from typing import Any
 
@@ -80,6 +81,121 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         },
     },
 }
+
+
+# Anthropic Messages. The handlers answer 400 naming the field; this mirrors what they accept
+# (an optional field may be null: the same as leaving it out).
+def _null(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _obj(required: list[str], **properties: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": properties}
+
+
+_STR: dict[str, Any] = {"type": "string"}
+_TEXT = _obj(["type", "text"], type={"const": "text"}, text=_STR)
+_TOOL_RESULT = _obj(
+    ["type", "tool_use_id"],
+    type={"const": "tool_result"},
+    tool_use_id=_STR,
+    content=_null({"oneOf": [_STR, {"type": "array", "items": _TEXT}]}),
+    is_error=_null({"type": "boolean"}),
+)
+_TOOL_USE = _obj(
+    ["type", "id", "name", "input"],
+    type={"const": "tool_use"},
+    id=_STR,
+    name=_STR,
+    input={"type": "object"},
+)
+_THINKING = _obj(["type", "thinking"], type={"const": "thinking"}, thinking=_STR)
+_REDACTED = _obj(["type"], type={"const": "redacted_thinking"})  # dropped unread
+
+
+def _turn(role: str, *blocks: dict[str, Any]) -> dict[str, Any]:
+    content = {"oneOf": [_STR, {"type": "array", "items": {"oneOf": list(blocks)}}]}
+    return _obj(["role", "content"], role={"const": role}, content=content)
+
+
+_PROMPT_FIELDS: dict[str, Any] = {
+    "model": _STR,
+    "messages": {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "oneOf": [
+                _turn("user", _TEXT, _TOOL_RESULT),  # images and documents: 400
+                _turn("assistant", _TEXT, _TOOL_USE, _THINKING, _REDACTED),
+            ]
+        },
+    },
+    "system": _null({"oneOf": [_STR, {"type": "array", "items": _TEXT}]}),
+    "tools": _null(
+        {
+            "type": "array",
+            "items": _obj(
+                ["name", "input_schema"],
+                type=_null({"const": "custom"}),  # server tools: 400
+                name={"type": "string", "minLength": 1},
+                description=_null(_STR),
+                input_schema={"type": "object"},
+            ),
+        }
+    ),
+    # `any` and `tool` need constrained decoding: 400
+    "tool_choice": _null(_obj(["type"], type={"enum": ["auto", "none"]})),
+    "thinking": _null(
+        _obj(
+            ["type"],
+            type={"enum": ["enabled", "adaptive", "disabled"]},
+            budget_tokens=_null({"type": "integer", "minimum": 0}),
+        )
+    ),
+    # `format` (structured outputs) needs constrained decoding: 400
+    "output_config": _null(
+        {"type": "object", "properties": {"effort": _null(_STR), "format": {"type": "null"}}}
+    ),
+}
+ANTHROPIC: dict[str, dict[str, Any]] = {
+    "messages": _obj(
+        ["model", "messages", "max_tokens"],
+        **_PROMPT_FIELDS,
+        max_tokens={"type": "integer", "minimum": 1},
+        temperature=_null({"type": "number", "minimum": 0}),
+        top_p=_null({"type": "number", "minimum": 0, "maximum": 1}),
+        top_k=_null({"type": "integer", "minimum": 0}),
+        stop_sequences=_null({"type": "array", "items": _STR}),
+        stream=_null({"type": "boolean"}),
+        metadata=_null({"type": "object"}),
+    ),
+    "count_tokens": _obj(["model", "messages"], **_PROMPT_FIELDS),
+}
+
+
+_OBJECT = {"type": "object"}
+RESPONSES: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "model": {"type": "string"},
+        "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": _OBJECT}]},
+        "instructions": {"type": "string"},
+        "tools": {"type": "array", "items": {**_OBJECT, "required": ["type", "name"]}},
+        "tool_choice": {"oneOf": [{"enum": ["auto", "none", "required"]}, _OBJECT]},
+        "text": {"type": "object", "properties": {"format": _OBJECT}},
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "stream": {"type": "boolean"},
+        "store": {"type": "boolean"},
+        "previous_response_id": {"type": "string"},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+        "parallel_tool_calls": {"type": "boolean"},
+        "chat_template_kwargs": {"type": "object"},
+    },
+}
+
+SCHEMAS.update(ANTHROPIC, responses=RESPONSES)
 
 
 def body_schema(name: str) -> dict[str, Any]:

@@ -103,20 +103,18 @@ def test_a_server_quantizes_sliding_window_layers_end_to_end(
 def test_a_server_refuses_a_kv_config_naming_a_recurrent_layer(
     tiny_model: Callable[..., Path], tmp_path: Path
 ) -> None:
-    from mlxd.cli.generate import resolve_kv_config
     from mlxd.model import ModelLoadError
     from mlxd.serve.main import make_state
 
     config = tmp_path / "kv_config.json"
     config.write_text('[{"layer_idx": 0, "bits": 4}]')  # lfm2's layer 0: convolution state
     args = _serve_args(tiny_model("lfm2"), tmp_path, "--kv-config", str(config), kv_bits=False)
-    resolve_kv_config(args)  # what `mlxd serve` does before it loads the model
     with pytest.raises(ModelLoadError, match="kv_config layer 0 .4-bit. cannot apply: the layer"):
         make_state(args)
 
 
 def _serve_args(model: Path, data: Path, *flags: str, kv_bits: bool = True):
-    from mlxd.cli import build_parser
+    from mlxd.cli.serve import parse_config
 
-    argv = ["serve", "--model", str(model), "--data-dir", str(data), *flags]
-    return build_parser().parse_args(argv + (["--kv-bits", "4"] if kv_bits else []))
+    argv = ["--model", str(model), "--data-dir", str(data), *flags]
+    return parse_config(argv + (["--kv-bits", "4"] if kv_bits else []))

@@ -12,7 +12,7 @@ import pytest
 from fixtures.batch_oracle import batch_generator_outputs
 from fixtures.folded_models import PROMPTS, load_model, padded_decode, qwen2_model
 
-from mlxd.engine.batch import BatchConfig
+from mlxd.config import EngineConfig
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.model import folded_attention as fa
@@ -120,7 +120,7 @@ def test_formula_equals_mlx_masked_attention_on_cpu(groups: int, boolean: bool) 
 def test_engine_with_folded_attention_equals_batch_generator_on_cpu(tiny_model, calls) -> None:
     model = load_model(tiny_model, "qwen3")
     expected = batch_generator_outputs(model, PROMPTS, 12, frozenset())
-    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, attention="folded"))
+    engine = Engine(model, config=EngineConfig(8, 8, 2048, attention="folded"))
     try:
         reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=12) for p in PROMPTS]
         for handle, ref in zip(engine.submit_many(reqs), expected, strict=True):
@@ -139,15 +139,13 @@ def test_an_architecture_it_does_not_know_is_refused_by_name(tiny_model) -> None
     with pytest.raises(
         ValueError, match="folded supports llama, mistral, qwen2, qwen3, qwen3_moe;"
     ):
-        Engine(model, batch_config=BatchConfig(8, 8, 2048, attention="folded"))
+        Engine(model, config=EngineConfig(8, 8, 2048, attention="folded"))
 
 
 def _serve_args(model: Path, data: Path, *flags: str):
-    from mlxd.cli import build_parser
+    from mlxd.cli.serve import parse_config
 
-    return build_parser().parse_args(
-        ["serve", "--model", str(model), "--data-dir", str(data), *flags]
-    )
+    return parse_config(["--model", str(model), "--data-dir", str(data), *flags])
 
 
 def test_a_server_with_folded_attention_answers_as_without_it_on_cpu(

@@ -11,7 +11,7 @@ import pytest
 from fixtures.batch_oracle import batch_generator_outputs
 from fixtures.folded_models import PROMPTS, load_model, padded_decode
 
-from mlxd.engine.batch import BatchConfig
+from mlxd.config import EngineConfig
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.model import folded_attention as fa
@@ -81,7 +81,7 @@ def test_engine_with_fused_projections_equals_batch_generator_on_cpu(
 ) -> None:
     model = load_model(tiny_model, "qwen3")
     expected = batch_generator_outputs(model, PROMPTS, 12, frozenset())
-    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, attention="folded+fused"))
+    engine = Engine(model, config=EngineConfig(8, 8, 2048, attention="folded+fused"))
     try:
         reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=12) for p in PROMPTS]
         for handle, ref in zip(engine.submit_many(reqs), expected, strict=True):
@@ -94,14 +94,14 @@ def test_engine_with_fused_projections_equals_batch_generator_on_cpu(
 
 
 def test_serve_takes_the_mode_and_refuses_an_unknown_architecture(tiny_model, tmp_path) -> None:
-    from mlxd.cli import build_parser
+    from mlxd.cli.serve import parse_config
     from mlxd.model import ModelLoadError
     from mlxd.serve.main import make_state
 
     def args(arch: str, mode: str = "folded+fused"):
         flags = ["--model", str(tiny_model(arch)), "--data-dir", str(tmp_path / arch / mode)]
         flags += ["--memory-budget", "1GB", "--batched-attention", mode]
-        return build_parser().parse_args(["serve", *flags])
+        return parse_config(flags)
 
     budgets = {}
     for mode in ("folded", "folded+fused"):

@@ -20,7 +20,7 @@ from fixtures.folded_models import (
 from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from bench.probes.probe_ops import VIEWS, primitives
-from mlxd.engine.batch import BatchConfig
+from mlxd.config import EngineConfig
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.model import plain_rows as pr
@@ -223,7 +223,7 @@ def test_the_engine_steps_a_lone_row_on_the_twin_unless_it_is_off(
     prompt = mx.array(PROMPTS[0])
     outs = {}
     for on in (True, False):
-        engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, decode_rows=on))
+        engine = Engine(model, config=EngineConfig(8, 8, 2048, decode_rows=on))
         try:
             assert (engine.step_model() is model) is not on
             before = len(rows_calls)
@@ -248,7 +248,7 @@ def test_the_engines_mlx_mode_batch_steps_on_the_twin_unless_it_is_off(
     model = load_model(tiny_model, arch)
     outs = {}
     for on in (True, False):
-        engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, decode_rows=on))
+        engine = Engine(model, config=EngineConfig(8, 8, 2048, decode_rows=on))
         try:
             before = len(rows_calls)
             reqs = [GenerationRequest(prompt=mx.array(p), max_tokens=6) for p in prompts]
@@ -265,34 +265,34 @@ def test_the_engines_mlx_mode_batch_steps_on_the_twin_unless_it_is_off(
 
 def test_a_dropped_model_is_freed_and_its_engine_closed(tiny_model) -> None:
     """The Python API's engine holds the twin, which must not keep the model itself alive (the
-    engine closes when the model is collected: engine/registry.py)."""
+    engine closes when the model is collected: engine/api.py)."""
     import gc
     import weakref
 
     from mlx_lm import load
 
-    from mlxd.engine import registry
+    from mlxd.engine import api
     from mlxd.engine.api import stream_generate
 
     model, tokenizer = load(str(tiny_model("qwen3")))
     out = [r.token for r in stream_generate(model, tokenizer, mx.array(PROMPTS[0]), max_tokens=3)]
     assert len(out) == 3
-    key, engine = id(model), registry._engines[id(model)]
+    key, engine = id(model), api._engines[id(model)]
     assert engine.step_model() is not model  # the twin was made and is held
     ref = weakref.ref(model)
     del model
     gc.collect()
-    assert ref() is None and key not in registry._engines
+    assert ref() is None and key not in api._engines
 
 
 @pytest.mark.parametrize("flag", [None, "rows", "rows+fused", "mlx"])
 def test_serve_takes_the_decode_step(tiny_model, tmp_path, flag) -> None:
-    from mlxd.cli import build_parser
+    from mlxd.cli.serve import parse_config
     from mlxd.serve.main import make_state
 
     flags = ["--model", str(tiny_model("qwen3")), "--data-dir", str(tmp_path)]
     flags += [] if flag is None else ["--decode-step", flag]
-    state = make_state(build_parser().parse_args(["serve", *flags]))
+    state = make_state(parse_config(flags))
     try:
         engine = state.provider.default.engine
         assert engine.config.decode_rows is (flag != "mlx")  # rows by default
@@ -342,7 +342,7 @@ def test_a_lone_rows_stacked_projections_keep_mlx_lms_bits(tiny_model, arch, row
 
 def test_the_engine_takes_rows_fused_and_makes_the_twin_again_when_it_changes(tiny_model):
     model = load_model(tiny_model, "qwen3")
-    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, decode_fused=True))
+    engine = Engine(model, config=EngineConfig(8, 8, 2048, decode_fused=True))
     try:
         fused = engine.step_model()
         assert fused.model.layers[0].self_attn.qkv is not None

@@ -2,7 +2,6 @@
 on a tiny random qwen3 model with the real Qwen3 tokenizer (chat template, think and tool
 markers), or on the embedded default model (SmolLM2) for real text."""
 
-import argparse
 import socket
 import threading
 import time
@@ -14,14 +13,13 @@ from typing import Any
 import pytest
 
 
-def server_args(**overrides: Any) -> argparse.Namespace:
-    """`mlxd serve`'s parsed defaults with `overrides` (flag dests)."""
-    from mlxd.cli import build_parser
+def server_args(**overrides: Any) -> Any:
+    """`mlxd serve`'s config with no flags, then `overrides` (ServeConfig fields)."""
+    from dataclasses import replace
 
-    args = build_parser().parse_args(["serve"])
-    for key, value in overrides.items():
-        setattr(args, key, value)
-    return args
+    from mlxd.cli.serve import parse_config
+
+    return replace(parse_config([]), **overrides)
 
 
 def free_port() -> int:
@@ -48,7 +46,7 @@ def wait_healthy(url: str, proc: Any, timeout: float = 120) -> bool:
 @dataclass
 class LiveServer:
     url: str  # http://127.0.0.1:PORT
-    state: Any  # mlxd.serve.state.ServerState
+    state: Any  # mlxd.serve.app.ServerState
     server: Any
     thread: threading.Thread
 
@@ -132,8 +130,8 @@ def rows_fail_mid_stream(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
 
     real = generation.build_request
 
-    def build(served, prompt, params, args):
-        req = real(served, prompt, params, args)
+    def build(served, prompt, params, *rest):
+        req = real(served, prompt, params, *rest)
         start = len(prompt.tokens)
 
         def fail(tokens, logits):

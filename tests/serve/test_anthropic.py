@@ -68,8 +68,8 @@ def forced(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
     script: dict[str, list[int]] = {}
     real = generation.build_request
 
-    def build(served, prompt, params, args):
-        req = real(served, prompt, params, args)
+    def build(served, prompt, params, *rest):
+        req = real(served, prompt, params, *rest)
         if "ids" not in script:
             return req
         tok = served.tokenizer

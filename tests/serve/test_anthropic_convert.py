@@ -23,7 +23,7 @@ from mlxd.serve.anthropic_stream import Blocks, StopWords, events, fold
 from mlxd.serve.errors import APIError
 from mlxd.serve.generation import Chunk, TokenInfo, Usage, text_machine
 from mlxd.serve.params import GenParams
-from mlxd.serve.textstream import ChoiceText, Delta, ToolCall
+from mlxd.serve.text import ChoiceText, Delta, ToolCall
 
 WEATHER = {"name": "get_weather", "description": "d", "input_schema": {"type": "object"}}
 

@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from mlxd.serve import body as body_module
+from mlxd.serve import errors as body_module
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 EOS = "151645"  # Qwen3's <|im_end|>: a large bias ends generation at once
@@ -153,7 +153,7 @@ def test_n_above_the_batch_is_refused_not_queued_forever(make_server) -> None:
         r = chat(live.url, timeout=10, n=3)
     except httpx.TimeoutException:
         # Close the engine while its event loop runs: closing it after uvicorn's loop has
-        # closed kills a pooled worker thread (see the report on engine/threads.py).
+        # closed kills a pooled worker thread (see the report on engine/overlap.py).
         live.state.provider.close()
         pytest.fail("n=3 with --batch 2 hung instead of being refused")
     assert_error(r, 400, "2", param="n")  # names the limit

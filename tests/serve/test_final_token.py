@@ -15,7 +15,7 @@ def test_the_last_frame_is_sent_before_the_cache_is_stored(make_server) -> None:
     live = make_server()
     engine = live.state.provider.default.engine
     storing, release, stored = threading.Event(), threading.Event(), threading.Event()
-    keep = engine._keep
+    keep = engine.rows.keep
 
     def slow_keep(row, done) -> None:  # the store's work, held until the client has the frame
         storing.set()
@@ -23,7 +23,7 @@ def test_the_last_frame_is_sent_before_the_cache_is_stored(make_server) -> None:
         keep(row, done)
         stored.set()
 
-    engine._keep = slow_keep
+    engine.rows.keep = slow_keep
     body = {
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 6,

@@ -1,5 +1,5 @@
 """`--switch-interval engine` through the real server: a batched step's readers are woken as
-the next step is queued (engine/gil.py's HeldWake). Concurrent streams through the official
+the next step is queued (engine/overlap.py's HeldWake). Concurrent streams through the official
 OpenAI SDK get every chunk, and the same text and finish as the server without the flag."""
 
 import asyncio
@@ -48,18 +48,18 @@ async def _streams(url: str) -> list[tuple[str, int, str | None]]:
 def test_engine_phases_stream_every_chunk_with_the_same_text(
     make_server: Callable[..., object], interval, monkeypatch
 ) -> None:
-    from mlxd.engine import gil
+    from mlxd.engine import overlap
 
     held: list[int] = []  # readers in each held wake-up released (inside the next step)
-    real = gil.wake
-    monkeypatch.setattr(gil, "wake", lambda w: (held.append(len(w)), real(w)))
+    real = overlap.wake
+    monkeypatch.setattr(overlap, "wake", lambda w: (held.append(len(w)), real(w)))
     plain = make_server(batch=8)
     want = asyncio.run(_streams(plain.v1))  # type: ignore[attr-defined]
     plain.stop()  # type: ignore[attr-defined]
     assert held == []  # without the flag nothing is held
     phased = make_server(batch=8, switch_interval="engine")
     engine = phased.state.provider.default.engine  # type: ignore[attr-defined]
-    assert engine.config.phases is not None and engine.config.phases.hold_wakes
+    assert engine.phases is not None and engine.config.gil_phases
     got = asyncio.run(_streams(phased.v1))  # type: ignore[attr-defined]
     assert got == want  # text, chunk count (a partial UTF-8 token sends none) and finish
     assert all(text and finish == "length" and chunks > 1 for text, chunks, finish in got)

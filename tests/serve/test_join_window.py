@@ -129,17 +129,6 @@ def test_turns_that_come_back_apart_join_one_wave(make_server, window) -> None:
         assert turn_2["serial"] >= 1 and "wave held for arrivals" not in paths
 
 
-def test_mlxd_join_expect_0_turns_the_expected_turns_off(make_server, monkeypatch) -> None:
-    monkeypatch.setenv("MLXD_JOIN_EXPECT", "0")  # the A/B's other side (bench/h200)
-    assert make_server(join_window=5.0).state.provider.arrivals.expect_returns is False
-
-
-def test_mlxd_join_lead_0_holds_a_long_uncached_prompt_too(make_server, monkeypatch) -> None:
-    monkeypatch.setenv("MLXD_JOIN_LEAD", "0")  # the A/B's other side (bench/h200)
-    arrivals = make_server(join_window=5.0).state.provider.arrivals
-    assert arrivals.lead is False and arrivals.expect_returns is True
-
-
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("path", list(ENDPOINTS))
 def test_a_lone_agents_next_turn_is_never_held(make_server, path, stream) -> None:

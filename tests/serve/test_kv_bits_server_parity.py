@@ -1,4 +1,4 @@
-"""Issue 7, point 1 over HTTP: mlx_lm.server and mlxd serve with the same `--kv-bits`,
+"""Quantized KV over HTTP: mlx_lm.server and mlxd serve with the same `--kv-bits`,
 `--kv-group-size` and `--quantized-kv-start` answer the same requests with the same tokens,
 logprobs, text and usage. mlx_lm.server runs such rows one at a time; mlxd batches them."""
 

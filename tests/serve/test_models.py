@@ -38,7 +38,7 @@ def test_models_lists_served_loaded_and_cached(
     listing = httpx.get(qwen3_server.v1 + "/models").json()
     ids = [m["id"] for m in listing["data"]]
     assert listing["object"] == "list"
-    assert ids[0] == str(qwen3_server.state.args.model)  # the served model first
+    assert ids[0] == str(qwen3_server.state.config.model)  # the served model first
     assert other in ids and "acme/chat-model" in ids and "acme/not-mlx" not in ids
     one = httpx.get(qwen3_server.v1 + "/models/acme/chat-model")
     assert one.status_code == 200 and one.json()["id"] == "acme/chat-model"

@@ -13,7 +13,7 @@ from mlxd.serve.errors import APIError
 from mlxd.serve.generation import Chunk, TokenInfo, Usage
 from mlxd.serve.responses_convert import chat_tools, flat_tools, input_items, to_messages
 from mlxd.serve.responses_stream import OutputBuilder, ResponseRun
-from mlxd.serve.textstream import Delta, ToolCall
+from mlxd.serve.text import Delta, ToolCall
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 ITEM = TypeAdapter(ResponseOutputItem)

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from mlxd.serve.responses_store import ResponseStore
+from mlxd.serve.responses_api import ResponseStore
 
 
 def test_store_roundtrip_and_reopen(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ def test_responses_survive_a_restart(make_server) -> None:
     first.stop()
     second = make_server()  # same data_dir (tmp_path/"data")
     assert second.state.store is not None
-    db = Path(second.state.args.data_dir) / "responses.sqlite3"
+    db = Path(second.state.config.data_dir) / "responses.sqlite3"
     assert db.exists()
     c2 = openai.OpenAI(base_url=second.v1, api_key="x", max_retries=0)
     got = c2.responses.retrieve(r.id)

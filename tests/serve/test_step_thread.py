@@ -1,4 +1,4 @@
-"""`--step-order thread` through the real server (engine/encoder.py): concurrent OpenAI SDK
+"""`--step-order thread` through the real server (engine/overlap.py): concurrent OpenAI SDK
 streams, twice (the second round's prompts come from the prefix store), get the same text,
 chunks and finish as the server in mlx-lm's order; a row failing mid-stream ends with its error
 and the server keeps serving."""
@@ -25,11 +25,11 @@ def _two_rounds(url: str) -> list[list[tuple[str, int, str | None]]]:
 def test_thread_order_streams_the_same_chunks(
     make_server: Callable[..., object], interval, monkeypatch
 ) -> None:
-    from mlxd.engine import encoder
+    from mlxd.engine import overlap
 
     jobs: list[int] = []
-    real = encoder.StepEncoder.step
-    monkeypatch.setattr(encoder.StepEncoder, "step", lambda s, *a: (jobs.append(1), real(s, *a))[1])
+    real = overlap.StepEncoder.step
+    monkeypatch.setattr(overlap.StepEncoder, "step", lambda s, *a: (jobs.append(1), real(s, *a))[1])
     monkeypatch.setenv("MLXD_THREAD_ROWS", "2")  # six streams: the encoder takes their steps
     plain = make_server(batch=8)
     want = _two_rounds(plain.v1)  # type: ignore[attr-defined]

@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from mlxd.engine.handle import RequestHandle, wake
-from mlxd.engine.request import DoneEvent, TokenEvent
-from mlxd.serve import sse
+from mlxd.engine.request import DoneEvent, RequestHandle, TokenEvent, wake
+from mlxd.serve.streaming import coalesce, sse_data, sse_event
 
 
 async def _frames(items: list[str], closed: list[bool]):
@@ -28,14 +27,14 @@ async def _collect(agen) -> list[str]:
 def test_frames_are_joined_only_while_the_reader_is_behind() -> None:
     behind = iter([True, True, False, True, False])  # asked once per frame
     closed: list[bool] = []
-    out = asyncio.run(_collect(sse.coalesce(_frames(list("abcde"), closed), lambda: next(behind))))
+    out = asyncio.run(_collect(coalesce(_frames(list("abcde"), closed), lambda: next(behind))))
     assert out == ["abc", "de"]
     assert closed == [True]
 
 
 def test_held_frames_are_flushed_when_the_frames_end() -> None:
     closed: list[bool] = []
-    out = asyncio.run(_collect(sse.coalesce(_frames(list("xyz"), closed), lambda: True)))
+    out = asyncio.run(_collect(coalesce(_frames(list("xyz"), closed), lambda: True)))
     assert out == ["xyz"]
 
 
@@ -45,7 +44,7 @@ def test_an_abandoned_stream_closes_its_frames_at_once() -> None:
     closed: list[bool] = []
 
     async def main() -> None:
-        outer = sse.coalesce(_frames(list("abc"), closed), lambda: False)
+        outer = coalesce(_frames(list("abc"), closed), lambda: False)
         assert await outer.__anext__() == "a"
         await outer.aclose()
         assert closed == [True]  # now, before asyncio.run's own clean-up of generators
@@ -110,22 +109,22 @@ def test_serve_passes_the_loop_and_the_http_parser_to_uvicorn(
 ) -> None:
     import uvicorn
 
-    from mlxd.cli import build_parser
+    from mlxd.cli.serve import parse_config
     from mlxd.serve.main import serve
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
-    args = build_parser().parse_args(
-        ["serve", "--model", str(qwen3_model_dir), "--data-dir", str(tmp_path),
-         "--loop", loop, "--http", http]
+    config = parse_config(
+        ["--model", str(qwen3_model_dir), "--data-dir", str(tmp_path), "--loop", loop,
+         "--http", http]
     )  # fmt: skip
-    serve(args)
+    serve(config)
     assert (seen["loop"], seen["http"]) == (loop, http)
 
 
 def test_frames_are_json_dumps_bytes_without_ascii_escapes() -> None:
     obj = {"delta": {"content": 'héllo \u2603 "q" \n'}, "n": [1, 2.5, None, True], "e": {}}
     text = json.dumps(obj, ensure_ascii=False)
-    assert sse.data(obj) == f"data: {text}\n\n"
-    assert sse.event("message_delta", obj) == f"event: message_delta\ndata: {text}\n\n"
-    assert "\\u" not in sse.data(obj)  # non-ASCII sent as is, as mlx_lm.server does
+    assert sse_data(obj) == f"data: {text}\n\n"
+    assert sse_event("message_delta", obj) == f"event: message_delta\ndata: {text}\n\n"
+    assert "\\u" not in sse_data(obj)  # non-ASCII sent as is, as mlx_lm.server does

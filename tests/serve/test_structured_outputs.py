@@ -1,4 +1,4 @@
-"""Structured outputs over HTTP (issue 8, first surfaces): OpenAI `response_format`
+"""Structured outputs over HTTP: OpenAI `response_format`
 (json_schema, json_object), Responses `text.format` and vLLM's `structured_outputs` (regex,
 choice) through the official
 `openai` SDK against a live server on a random-weight qwen3 at temperature 1 (random logits are

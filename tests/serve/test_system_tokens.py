@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from mlxd.serve.prompt import chat_prompt
-from mlxd.serve.system_tokens import SystemTokens
+from mlxd.serve.prompt import SystemTokens, chat_prompt
 
 PARAMS = {"type": "object", "properties": {"path": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "ls", "parameters": PARAMS}}]

@@ -8,7 +8,7 @@ import random
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlxd.serve.token_search import mismatch, rfind
+from mlxd.serve.prompt import mismatch, rfind
 
 
 def _loop_mismatch(a: list[int], b: list[int]) -> int:
