@@ -2,8 +2,10 @@
 
 `from mlxd import load, generate, stream_generate, batch_generate` behaves like the same
 import from `mlx_lm`, and `load` also takes GGUF files and `None` (the embedded default model).
+`Engine(model, config=EngineConfig(...))` is the server's engine for a program of its own.
 """
 
+from .config import EngineConfig
 from .engine import (
     Engine,
     GenerationRequest,
@@ -17,6 +19,7 @@ from .model import ModelLoadError, load
 __version__ = "0.1.0"
 __all__ = [
     "Engine",
+    "EngineConfig",
     "GenerationRequest",
     "ModelLoadError",
     "SamplingParams",
