@@ -1,9 +1,8 @@
 """Layer 3: the engine (admission, serial and batched rows, per-row sampling)."""
 
-from .admission import Overloaded
+from .admission import KVBudgetExceeded, Overloaded
 from .api import batch_generate, generate, stream_generate
 from .engine import Engine
-from .kv_budget import KVBudgetExceeded
 from .request import DoneEvent, GenerationRequest, TokenEvent
 from .sampling import SamplingParams
 

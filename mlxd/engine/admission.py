@@ -1,14 +1,20 @@
-"""Admission: the bounded FIFO of waiting requests, the row cap, and the KV budget."""
+"""Admission: the bounded FIFO of waiting requests, the row cap, and the KV budget (a row's
+worst-case KV cost, probed per model)."""
 
 import collections
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from .batch_row import BatchConfig, batchable
-from .handle import RequestHandle
-from .kv_budget import KVBudgetExceeded, KVCost
-from .request import DoneEvent, GenerationRequest
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+from ..config import EngineConfig
+from ..kv import mixed
+from .batch import batchable
+from .request import DoneEvent, GenerationRequest, RequestHandle
 
 Waiting = tuple[GenerationRequest, RequestHandle]
 
@@ -19,7 +25,7 @@ class Overloaded(RuntimeError):
 
 class Admission:
     def __init__(
-        self, cap: int, max_queue: int, kv_budget: int | None, model: Any, config: BatchConfig
+        self, cap: int, max_queue: int, kv_budget: int | None, model: Any, config: EngineConfig
     ) -> None:
         self.cap, self.max_queue, self.kv_budget, self.config = cap, max_queue, kv_budget, config
         self.kv_cost = KVCost.probe(model) if kv_budget is not None else None
@@ -71,10 +77,10 @@ class Admission:
         defer: Callable[[GenerationRequest], bool] | None = None,
         only: RequestHandle | None = None,
     ) -> list[Waiting]:
-        """FIFO joiners for this turn (the engine waits for work before it asks: drive.py). A
+        """FIFO joiners for this turn (the engine waits for work before it asks: driver.py). A
         request that cannot be batched is taken only when nothing else runs, and then alone.
         One that `defer` holds back keeps its place while later ones go ahead. `only`: a
-        driver's turn takes its own request and no other (drive.py)."""
+        driver's turn takes its own request and no other (driver.py)."""
         if not self.waiting or self.closed:
             return []  # the per-token fast path: no lock, nothing to admit
         with self.wake:
@@ -123,3 +129,107 @@ class Admission:
             handles = [h for _, h in self.waiting]
             self.waiting.clear()
             return handles
+
+
+# KV budget admission: a row is admitted only when its worst-case KV fits beside the rows already
+# running (prompt + max_tokens, every layer at its own growth rule).
+
+
+class KVBudgetExceeded(ValueError):
+    """The request can never fit the engine's kv_budget."""
+
+
+def _state_bytes(cache: Any) -> int:
+    return sum(a.nbytes for _, a in tree_flatten(cache.state) if isinstance(a, mx.array))
+
+
+def _token_bytes(cache: Any) -> int:
+    """Bytes per token of a KV layer (keys and values are [B, heads, tokens, dim])."""
+    return sum(a.nbytes // a.shape[-2] for a in (cache.keys, cache.values))
+
+
+def _converts_at(req: GenerationRequest) -> int:
+    """The offset at which generate_step converts a row's caches: the first model call that
+    reaches `quantized_kv_start` (a prefill chunk's end, or a decode step)."""
+    start, prefill = req.quantized_kv_start, len(req.prompt) - 1
+    if start > prefill:
+        return start
+    chunk = req.prefill_step_size
+    return min(max(-(-start // chunk), 1) * chunk, prefill)
+
+
+def _allocated(tokens: int, step: int) -> int:
+    """KV caches grow in steps of `step` tokens: memory follows the rounded-up length."""
+    return -(-tokens // step) * step
+
+
+@dataclass
+class KVCost:
+    """Bytes of one row's caches as a function of its length."""
+
+    per_token: int = 0  # growing layers (full attention)
+    windowed: list[tuple[int, int]] = field(default_factory=list)  # (bytes/token, window)
+    fixed: int = 0  # recurrent state, whatever the length
+    context: int | None = None  # the model's maximum positions, if it says
+    itemsize: int = 2  # bytes of one key / value element (the model's dtype)
+    per_layer: list[int] = field(default_factory=list)  # growing bytes/token by layer (0: other)
+
+    @classmethod
+    def probe(cls, model: Any) -> "KVCost":
+        """Measure by running one token through a fresh cache (exact for the model's dtypes)."""
+        cache = make_prompt_cache(model)
+        model(mx.array([[0]]), cache=cache)
+        cost = cls(context=getattr(getattr(model, "args", None), "max_position_embeddings", None))
+        for c in cache:
+            mx.eval(c.state)
+            cost.per_layer.append(0)
+            if isinstance(c, RotatingKVCache):
+                cost.windowed.append((_token_bytes(c), c.max_size))
+            elif isinstance(c, KVCache):
+                cost.per_layer[-1] = _token_bytes(c)
+                cost.per_token += _token_bytes(c)
+                cost.itemsize = c.keys.itemsize
+            else:
+                cost.fixed += _state_bytes(c)
+        return cost
+
+    def token_bytes(self, kv_bits: int | None = None, group_size: int = 64) -> float:
+        """Bytes one token adds to the growing (full-attention) layers under a KV scheme:
+        `bits` per element packed, plus a scale and a bias per group in the model's dtype."""
+        if kv_bits is None:
+            return float(self.per_token)
+        per_element = kv_bits / 8 + 2 * self.itemsize / group_size
+        return self.per_token * per_element / self.itemsize
+
+    def row_token_bytes(self, req: GenerationRequest) -> float:
+        """Bytes per token of the row's growing layers once its KV scheme applies."""
+        if req.kv_config is not None:
+            return mixed.token_bytes(req.kv_config, self.per_layer, self.itemsize)
+        return self.token_bytes(req.kv_bits, req.kv_group_size)
+
+    def worst(self, req: GenerationRequest) -> int:
+        """Worst-case bytes of `req` over its whole life."""
+        gen = req.max_tokens if req.max_tokens >= 0 else self.context
+        if gen is None:
+            raise KVBudgetExceeded(
+                "max_tokens=-1 (no limit) has no worst case under kv_budget; set max_tokens"
+            )
+        tokens = len(req.prompt) + gen
+        if req.max_kv_size is not None:
+            tokens = min(tokens, req.max_kv_size)
+        step = KVCache.step
+        growing = _allocated(tokens, step) * self.token_bytes()
+        quantizes = req.kv_bits is not None or req.kv_config is not None
+        if quantizes and tokens - 1 >= req.quantized_kv_start:
+            # Unquantized until its conversion, then quantized (the moment both copies exist is
+            # one row at a time on the engine thread: not reserved per row).
+            quant = _allocated(tokens, step) * self.row_token_bytes(req)
+            at = _allocated(_converts_at(req), step) * self.token_bytes()
+            growing = max(at, quant)
+        # A window holds up to max_size tokens, but a prefill chunk is appended whole first.
+        chunk = min(tokens, req.prefill_step_size)
+        windowed = sum(
+            b * max(min(_allocated(tokens, step), w), min(tokens, w - 1 + chunk))
+            for b, w in self.windowed
+        )
+        return int(growing + windowed + self.fixed)

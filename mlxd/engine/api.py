@@ -1,11 +1,13 @@
-"""The Python generation API with mlx-lm's signatures and results.
+"""The Python generation API with mlx-lm's signatures and results (one engine per model).
 
 `stream_generate` / `generate` run on mlxd's Engine (one per model, its own thread),
 `batch_generate` on an engine of its own; drafting still runs mlx-lm's speculative loop.
 The parity tests (tests/parity) hold all of them bit-exact to mlx-lm.
 """
 
+import threading
 import time
+import weakref
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -16,11 +18,9 @@ from mlx_lm.generate import stream_generate as _mlx_stream_generate
 from mlx_lm.generate_utils import BatchStats
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from .batch import BatchConfig
+from ..config import EngineConfig
 from .engine import Engine
-from .handle import RequestHandle
-from .registry import engine_for
-from .request import GenerationRequest, TokenEvent
+from .request import GenerationRequest, RequestHandle, TokenEvent
 from .rng import current_key, set_key
 
 
@@ -68,7 +68,7 @@ def stream_generate(
         **kwargs,
     )
     engine = engine_for(model)
-    handle = engine.submit_driven(req)  # alone on the main thread: its turns run here (drive.py)
+    handle = engine.submit_driven(req)  # alone on the main thread: its turns run here (driver.py)
     events = engine.drive(handle)
     finished = False
     try:
@@ -192,7 +192,8 @@ def batch_generate(
     """Generate for several token prompts at once (mlx-lm's BatchResponse), on an engine of
     its own whose batched step is configured as mlx-lm's BatchGenerator would be."""
     cbs, pbs = kwargs.pop("completion_batch_size", 32), kwargs.pop("prefill_batch_size", 8)
-    config = BatchConfig(
+    config = EngineConfig(
+        batch=max(len(prompts), 1),
         completion_batch_size=max(cbs, pbs),
         prefill_batch_size=pbs,
         prefill_step_size=kwargs.pop("prefill_step_size", 2048),
@@ -223,7 +224,7 @@ def batch_generate(
     ]
     # Every prompt is admitted at once (the batched step queues beyond its own cap, as
     # BatchGenerator does) and no row takes the serial path: BatchGenerator's bits throughout.
-    engine = Engine(model, batch=max(n, 1), batch_config=config, serial_fast_path=False)
+    engine = Engine(model, config, serial_fast_path=False)
     try:
         if verbose:
             print(f"[batch_generate] Finished processing 0/{n} ...", end="\r")
@@ -262,3 +263,27 @@ def batch_generate(
         tokens if return_token_ids else None,
         logprobs if return_logprobs else None,
     )
+
+
+# One Engine per model for the Python API, closed when the model is garbage-collected.
+
+_engines: dict[int, Engine] = {}
+_lock = threading.Lock()
+
+
+def engine_for(model: Any) -> Engine:
+    """The API's engine for `model` (created on first use)."""
+    key = id(model)
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = Engine(model, weak_model=True)
+            weakref.finalize(model, _drop, key)
+        return engine
+
+
+def _drop(key: int) -> None:
+    with _lock:
+        engine = _engines.pop(key, None)
+    if engine is not None:
+        engine.close()

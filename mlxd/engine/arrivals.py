@@ -10,7 +10,7 @@ queued: one wave instead of three. A lone agent never waits (nothing else is on 
 
 A fleet's turns can also reach the server apart: on a fast step the first few agents are
 back while the others are still reading their last reply, so nothing is on its way for a
-moment and 3-5 rows joined ahead of the other 27-29 (H200, session 32). Replies that ended
+moment and 3-5 rows joined ahead of the other 27-29 (H200). Replies that ended
 just before are turns likely to come back: a new wave also waits, within the same window,
 while fewer requests came in than replies ended since the window's start.
 """
@@ -52,12 +52,10 @@ class Arrivals:
     """One per server (every engine it serves reads it: a request's engine is known only after
     its body is read, and the wait must cover that part too)."""
 
-    def __init__(self, window: float, expect_returns: bool = True, lead: bool = True) -> None:
+    def __init__(self, window: float) -> None:
         if window < 0:
             raise ValueError("join window must be >= 0 seconds")
         self.window = window
-        self.expect_returns = expect_returns  # False: only requests on their way hold a wave
-        self.lead = lead  # an idle engine starts a long uncached prompt at once (drive.py)
         self.lock = threading.Lock()
         self.pending = 0  # tickets not yet released
         # perf_counter times of recent tickets and of recent replies' ends, in time order.
@@ -86,8 +84,6 @@ class Arrivals:
 
     def replied(self) -> None:
         """A reply ended normally (a turn that may come back)."""
-        if not self.expect_returns:
-            return
         with self.lock:
             self._note(self.ends)
 

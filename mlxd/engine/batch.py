@@ -7,30 +7,75 @@ decides who joins and when, and maps its responses back to the rows' handles.
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
 
+from ..config import EngineConfig
 from ..kv.additive_mask import takes_additive
 from ..kv.batch_quantized import mergeable
-from ..model.folded_attention import for_mode, is_shared
+from ..model.folded_attention import for_mode
 from ..store.layers import clone
-from . import trace_parts as parts
-from .batch_logits import BiasedGenerationBatch
-from .batch_prompt import SharingPromptBatch, keep_buffers
-from .batch_row import BatchConfig, BatchedRow
-from .batch_sampling import default_on
-from .encoder import StepEncoder, stream
-from .handle import RequestHandle
-from .prefix import PrefixSharing
-from .prompt_waves import wave_size
-from .request import DoneEvent, TokenEvent
+from . import instrument as parts
+from .decode_step import BiasedGenerationBatch
+from .kernel_window import StepClock
+from .output import RowOutput
+from .overlap import StepEncoder, StepPhases, stream
+from .prefill import keep_buffers, wave_size
+from .prefix import Plan, PrefixSharing
+from .request import DoneEvent, GenerationRequest, RequestHandle, TokenEvent
 from .rng import current_key, repair_key
-from .shared_rows import SharedPrefixes
+from .sampling import Key, KeyedSampler, default_on
 
 log = logging.getLogger("mlxd.engine")
+
+
+# A batched row's state (what BatchedRows, batch.py, holds per row) and mlx-lm's rule for which
+# requests may join the batch at all.
+
+
+@dataclass
+class BatchedRow:
+    req: GenerationRequest
+    handle: RequestHandle
+    out: RowOutput
+    key: Key | None = None  # the row's own PRNG stream (seeded, known draws per token)
+    uid: int = -1
+    generated: list[int] = field(default_factory=list)
+
+    keyed: KeyedSampler | None = None
+    plan: Plan | None = None  # the prefix store's plan for this row
+    cuts: list[int] = field(default_factory=list)  # snapshot positions still ahead of it
+    offset: int = 0  # tokens in its cache when it was inserted
+    processors: list[Any] | None = None  # its own, when siblings of one request need twins
+
+    def sampler(self):
+        if self.key is None or self.req.draws is None or self.req.sampler is None:
+            return self.req.sampler  # unseeded: the engine thread's shared key, as mlx-lm
+        self.keyed = KeyedSampler(self.req.sampler, self.key, self.req.draws)
+        return self.keyed
+
+    def current_key(self) -> Key | None:
+        return self.keyed.key if self.keyed is not None else None
+
+
+def batchable(req: GenerationRequest, config: EngineConfig) -> str | None:
+    """None when the request can share the batched step, else the reason it runs alone.
+    mlx-lm's rule: a row is batchable when every one of its cache layers can merge."""
+    if req.max_kv_size != config.max_kv_size:
+        return "a max_kv_size other than the engine's runs one row at a time"
+    if req.input_embeddings is not None:
+        return "input embeddings run one row at a time"
+    if req.prompt_cache is not None and not all(_merges(c) for c in req.prompt_cache):
+        return "a prompt_cache with layers that cannot merge runs one row at a time"
+    return None
+
+
+def _merges(layer: Any) -> bool:
+    return hasattr(layer, "merge") or type(layer) is QuantizedKVCache  # see kv.mergeable
 
 
 def _wants(rows: dict[int, BatchedRow]) -> Callable[[int], tuple[bool, int] | None]:
@@ -57,44 +102,42 @@ class BatchedRows:
     """The batched rows of one engine (created when a second row joins)."""
 
     def __init__(
-        self, model: Any, config: BatchConfig, sharing: PrefixSharing | None = None,
+        self,
+        model: Any,
+        config: EngineConfig,
+        sharing: PrefixSharing | None = None,
         fmt: Any = None,
-    ) -> None:  # fmt: skip
+        phases: StepPhases | None = None,
+        clock: StepClock | None = None,
+    ) -> None:
         self.sharing = sharing
         self.fmt = fmt  # the KV format of every row's caches (None: unquantized)
         model = for_mode(model, config.attention)
         self.gen = BatchGenerator(
             model,
-            completion_batch_size=config.completion_batch_size,
-            prefill_batch_size=config.prefill_batch_size,
+            completion_batch_size=config.completion_batch,
+            prefill_batch_size=config.prefill_batch,
             prefill_step_size=config.prefill_step_size,
             max_kv_size=config.max_kv_size,
-            stream=stream() if config.step_order == "thread" else None,  # encoder.py
+            stream=stream() if config.step_order == "thread" else None,  # overlap.py
         )
         if not config.clear_cache:
             keep_buffers(self.gen)
-        elif is_shared(config.attention):
-            keep_buffers(self.gen, SharingPromptBatch)  # mlx-lm's clears, and the sharing
-        self.prefixes: SharedPrefixes | None = None
-        if is_shared(config.attention):  # the model is this batch's own shallow copy
-            self.prefixes = SharedPrefixes(lambda: self.gen._generation_batch.prompt_cache)
-            model.prefix_sharing = self.prefixes
         on = config.batch_sampling
         self.decode = BiasedGenerationBatch.install(
             self.gen, model, default_on() if on is None else on
         )
         self.rows: dict[int, BatchedRow] = {}
-        self.wave = (config.prefill_batch_size, config.prefill_tokens)  # floor, token budget
+        self.wave = (config.prefill_batch, config.prefill_tokens)  # floor, token budget
         self.clears = config.clear_cache
-        self.decode.phases = config.phases
-        self.decode.clock = config.clock
-        self.decode.wait_first = config.step_order in ("wait", "split")  # step_order.py
+        self.decode.phases = phases
+        self.decode.clock = clock
         if config.step_order == "thread":
-            self.decode.encoder = StepEncoder(config.clock)
-        split = config.step_order in ("split", "thread")  # thread: its first layers too
-        self.decode.split = config.split_fraction if split else 0.0
+            self.decode.encoder = StepEncoder(clock)
         self.decode.thread_rows = config.thread_rows
-        self.additive_mask = config.additive_mask and takes_additive(model)  # its prefill mask
+        self.additive_mask = takes_additive(
+            model
+        )  # its prefill mask, additive where cuDNN takes it
         self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
@@ -185,7 +228,7 @@ class BatchedRows:
             parts.stop("finish", tic, [c.state for c in cache])  # its copy into the store
 
     def settle(self) -> None:
-        """This batch's last step queued: before the engine thread evaluates (encoder.py)."""
+        """This batch's last step queued: before the engine thread evaluates (overlap.py)."""
         self.decode.settle()
 
     def remove(self, row: BatchedRow) -> None:

@@ -1,5 +1,7 @@
 """The Engine: one thread owns all MLX work; callers submit requests and read events.
 
+The loop is three calls a turn: the scheduler takes joiners and routes them (scheduler.py), the
+rows run one unit of work each (rows.py), and their events go to the callers' handles.
 A lone row runs on plain serial caches: mlx-lm's generate_step, op for op (`serial.py`; its
 one-token steps over 2-D rows, fewer views, the same kernels: model/plain_rows.py).
 When a second row joins, the serial row hands its caches to the batched step (`batch.py`,
@@ -11,36 +13,32 @@ import atexit
 import collections
 import logging
 import threading
+import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-# mlx-lm's thread-local generation stream: each thread that enters it gets its own stream.
+import mlx.core as mx
+
+from ..config import EngineConfig, from_env
 from ..model.folded_attention import is_folded
 from ..model.folded_attention import unsupported as unfoldable
-from ..model.plain_rows import PlainRowsTwin
-from .admission import Admission, Overloaded
+from .admission import Admission, KVCost, Overloaded
 from .arrivals import Arrivals, Ticket
-from .batch import BatchedRows
-from .batch_row import BatchConfig, batchable
-from .drive import Driving
-from .fork import ForkJob
-from .handle import RequestHandle
+from .batch import batchable
+from .driver import Driver
+from .instrument import Trace
 from .kernel_window import KernelWindow
-from .kv_budget import KVCost
-from .materialize import materialize
-from .moves import Serial, drain_keeps_bits
+from .moves import drain_keeps_bits
 from .output import prepare
+from .overlap import StepPhases, run_on_worker, step_phases
 from .prefix import PrefixSharing
-from .prefix_rows import PrefixRows
-from .request import DoneEvent, GenerationRequest
-from .rng import KeyOwner, repair_key
-from .routing import Routing
+from .request import DoneEvent, GenerationRequest, RequestHandle, TokenEvent, materialize
+from .rng import repair_key
+from .rows import Rows
+from .scheduler import Scheduler
 from .serial import validate
-from .stats import EngineStats
-from .threads import run_on_worker
-from .trace import Trace
-from .turns import Turns
 
 __all__ = ["Engine", "Overloaded"]
 
@@ -55,47 +53,36 @@ def _close_all() -> None:
         engine.close()
 
 
-class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
-    """Submit requests from any thread; all MLX work happens on the engine's own thread."""
+class Engine:
+    """Submit requests from any thread; all MLX work happens on the engine's own thread.
+
+    `config`: the engine's settings (mlxd.config.EngineConfig); keyword `settings` override its
+    fields (`Engine(model, batch=4)`). `phases` replaces the GIL phases `gil_phases` makes."""
 
     def __init__(
         self,
         model: Any,
-        batch: int = 8,
-        max_queue: int = 1024,
-        prefill_step_size: int = 2048,
-        weak_model: bool = False,
+        config: EngineConfig | None = None,
+        *,
         tokenizer: Any | None = None,
-        kv_budget: int | None = None,
-        batch_config: BatchConfig | None = None,
-        serial_fast_path: bool = True,
         prefix_store: Any = None,
         namespace: str = "",
         arrivals: Arrivals | None = None,
+        weak_model: bool = False,
+        phases: StepPhases | None = None,
+        **settings: Any,
     ) -> None:
-        if batch < 1:
-            raise ValueError("batch must be >= 1")
+        config = from_env(replace(config or EngineConfig(), **settings))
         # weak_model: the Python API's engines must not keep a dropped model alive.
         self._model = weakref.ref(model) if weak_model else (lambda: model)
         materialize(model)
-        self.batch = batch
-        self.config = batch_config or BatchConfig(batch, min(batch, 8), prefill_step_size)
-        self._kernels = KernelWindow.from_env()  # MLXD_KERNELS=FILE: GPU time; else a no-op
-        if isinstance(self._kernels, KernelWindow):  # the window times the step's host parts too
-            self.config = replace(self.config, clock=self._kernels.clock)
-            self._kernels.order = self.config.step_order
-        mode = self.config.attention
-        if is_folded(mode) and (why := unfoldable(model, mode)) is not None:
+        self.config = config
+        self.batch = config.batch
+        if is_folded(config.attention) and (why := unfoldable(model, config.attention)):
             raise ValueError(why)
-        # serial_fast_path: a lone row runs serial caches, and a batch's last row returns to them
-        # where that keeps its bits (moves.py). Off: every row runs BatchGenerator's step.
-        self.serial_fast_path = serial_fast_path
-        self.drain_to_serial = serial_fast_path and drain_keeps_bits(self.config.attention)
         self.tokenizer = tokenizer  # when given, token events carry text deltas
-        self.kv_budget = kv_budget
-        self.last_batch_stats: Any = None  # mlx-lm BatchStats of the last finished batch
-        self.last_batch_key: tuple[int, int] | None = None  # the PRNG key it ended with
-        self.admission = Admission(batch, max_queue, kv_budget, model, self.config)
+        self.kv_budget = config.kv_budget
+        self.admission = Admission(config.batch, config.max_queue, config.kv_budget, model, config)
         # arrivals: a server's requests on their way; a new wave waits for them up to its
         # window (arrivals.py), so turns that arrive together prefill together. None: off.
         self.arrivals = arrivals or Arrivals(0.0)
@@ -105,28 +92,52 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
         self._kv_schemes: set[tuple[int, int]] = set()  # (bits, group) of requests seen
         # The prefix store (layer 0), keyed by `namespace`: the model, its adapter, ...
         self.sharing = PrefixSharing(prefix_store, namespace) if prefix_store is not None else None
-        self._serial: Serial | None = None
-        self._plain_rows = PlainRowsTwin()  # what step_model() hands out
-        self._alone = False  # the serial row cannot share the batched step
-        self._batches: dict[Any, BatchedRows] = {}  # by KV format (None: unquantized)
-        self._forks: list[ForkJob] = []  # n > 1 prompts being prefilled once
-        self._groups: dict[int, list[RequestHandle]] = {}  # first handle -> its siblings
-        self.paths: collections.Counter[str] = collections.Counter()
-        self._tokens, self._busy_s = 0, 0.0
-        self._keys = KeyOwner()
+        self.trace = Trace.of(config.trace)  # a line per turn; else a no-op
+        self.kernels = KernelWindow.of(config.kernels, config.kernels_at)  # GPU time; else no-op
+        clock = getattr(self.kernels, "clock", None)  # the window times the step's parts too
+        if isinstance(self.kernels, KernelWindow):
+            self.kernels.order = config.step_order
+        self.phases = phases if phases is not None else step_phases(config.gil_phases)
+        # serial_fast_path: a lone row runs serial caches, and a batch's last row returns to them
+        # where that keeps its bits (moves.py). Off: every row runs BatchGenerator's step.
+        drain = config.serial_fast_path and drain_keeps_bits(config.attention)
+        self.rows = Rows(self._model_or_raise, config, tokenizer, self.sharing, self.phases,
+                         clock, drain)  # fmt: skip
+        self.scheduler = Scheduler(self._model_or_raise, config, self.admission, self.arrivals,
+                                   self.rows, self.sharing, tokenizer)  # fmt: skip
+        self.driver = Driver(self.admission, self.rows, self._turn)
+        self._busy_s = 0.0
         self._stopped = threading.Event()
-        self._trace = Trace.from_env()  # MLXD_TRACE=FILE: a line per turn; else a no-op
-        self._init_driving()
         self._thread = run_on_worker(self._loop, self._stopped)
         _live.add(self)
 
-    @property
-    def model(self) -> Any:
+    def _model_or_raise(self) -> Any:
         model = self._model()
         if model is None:
             raise RuntimeError("the model of this engine was garbage-collected")
         return model
 
+    @property
+    def model(self) -> Any:
+        return self._model_or_raise()
+
+    @property
+    def paths(self) -> collections.Counter[str]:
+        """How many rows took each path (serial, batched, forked, ...)."""
+        return self.rows.paths
+
+    @property
+    def last_batch_stats(self) -> Any:
+        return self.rows.last_batch_stats
+
+    @property
+    def last_batch_key(self) -> tuple[int, int] | None:
+        return self.rows.last_batch_key
+
+    def step_model(self) -> Any:
+        return self.rows.step_model()
+
+    # any thread
     def submit(self, req: GenerationRequest, arrival: Ticket | None = None) -> RequestHandle:
         """`arrival`: the request's ticket from a server's `arrivals`, released as it queues."""
         return self._submit([req], [RequestHandle()], arrival)[0]
@@ -134,6 +145,47 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
     def submit_many(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
         """Submit requests atomically: admitted in one round, they share one batch composition."""
         return self._submit(reqs, [RequestHandle() for _ in reqs])
+
+    def submit_n(
+        self, req: GenerationRequest, n: int, arrival: Ticket | None = None
+    ) -> list[RequestHandle]:
+        """`n` rows sampled from one prompt that is prefilled once (OpenAI's `n`). With a
+        seed, row i samples from the stream of seed + i."""
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        if n > self.batch:  # it could never be admitted, and would block the queue behind it
+            raise ValueError(f"n must be at most {self.batch} (the engine's batch size)")
+        if n > 1 and (why := batchable(req, self.config)) is not None:
+            raise ValueError(f"n > 1 needs the batched step, and {why}")
+        req.n = n
+        handles = [RequestHandle() for _ in range(n)]
+        groups = self.rows.groups
+        groups[id(handles[0])] = handles[1:]  # before the engine can see the request
+        try:
+            self._submit([req], handles[:1], arrival)
+        except BaseException:
+            groups.pop(id(handles[0]), None)
+            raise
+        return handles
+
+    def submit_driven(self, req: GenerationRequest) -> RequestHandle:
+        """Submit `req`; read it with `drive`. If the engine is idle and this is the main
+        thread, this thread will run the turns while its row is alone."""
+        handle = RequestHandle()
+        self.driver.claim(handle, self.config.serial_fast_path)
+        try:
+            self._submit([req], [handle])
+        except BaseException:
+            self.driver.release(handle)
+            raise
+        if self.driver.handle is handle:
+            with self.driver.lock:  # paths are counted under the turn lock
+                self.paths["driven"] += 1
+        return handle
+
+    def drive(self, handle: RequestHandle) -> Iterator[TokenEvent]:
+        """`handle`'s token events, made on this thread while its row is alone (driver.py)."""
+        return self.driver.drive(handle)
 
     def _submit(
         self,
@@ -155,37 +207,6 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
         self.admission.push(list(zip(reqs, handles, strict=True)))
         return handles
 
-    def submit_n(
-        self, req: GenerationRequest, n: int, arrival: Ticket | None = None
-    ) -> list[RequestHandle]:
-        """`n` rows sampled from one prompt that is prefilled once (OpenAI's `n`). With a
-        seed, row i samples from the stream of seed + i."""
-        if n < 1:
-            raise ValueError("n must be >= 1")
-        if n > self.batch:  # it could never be admitted, and would block the queue behind it
-            raise ValueError(f"n must be at most {self.batch} (the engine's batch size)")
-        if n > 1 and (why := batchable(req, self.config)) is not None:
-            raise ValueError(f"n > 1 needs the batched step, and {why}")
-        req.n = n
-        handles = [RequestHandle() for _ in range(n)]
-        self._groups[id(handles[0])] = handles[1:]  # before the engine can see the request
-        try:
-            self._submit([req], handles[:1], arrival)
-        except BaseException:
-            self._groups.pop(id(handles[0]), None)
-            raise
-        return handles
-
-    def _active(self) -> list[RequestHandle]:
-        handles = [self._serial[1]] if self._serial else []
-        handles += [h for job in self._forks for h in job.handles]
-        return handles + [r.handle for b in self._batches.values() for r in b.rows.values()]
-
-    def _running_requests(self) -> list[GenerationRequest]:
-        reqs = [self._serial[0].req] if self._serial else []
-        reqs += [job.req for job in self._forks]
-        return reqs + [r.req for b in self._batches.values() for r in b.rows.values()]
-
     @property
     def alive(self) -> bool:
         """The engine thread is running and accepting work."""
@@ -196,62 +217,98 @@ class Engine(PrefixRows, Routing, Turns, Driving, EngineStats):
         if threading.current_thread() is not self._thread:
             self._stopped.wait(timeout=30)
 
-    # engine thread
-    def _admit(self, only: RequestHandle | None = None) -> None:
-        """Start waiting requests as rows (`only`: just that one, for a driver)."""
-        if only is None and self._hold() > 0:
-            return  # requests on their way will join this wave (arrivals.py)
-        busy = self._busy()
-        defer = None
-        if self.sharing is not None and busy and self.admission.waiting:
-            self.sharing.prune({id(r) for r in self._running_requests()})
-            defer = self.sharing.defer
-        joiners = self.admission.take(self._active, self._alone, defer, only)
-        if not joiners:
-            return
-        self._trace.admitted([handle for _, handle in joiners])
-        taken = [h for _, handle in joiners for h in [handle, *self._groups.get(id(handle), [])]]
-        try:
-            self._start(joiners)
-        except Exception as e:
-            # Taken but not yet rows: nobody else would ever end them (the loop's handler ends
-            # the running rows). Ones sent back to wait are still queued.
-            live = {id(h) for h in self._active()}
-            with self.admission.wake:
-                live |= {id(h) for _, h in self.admission.waiting}
-            for h in taken:
-                if id(h) not in live and h.done is None:
-                    h.put(DoneEvent("error", e))
-            raise
+    # stats, from any thread
+    def stats(self) -> dict[str, Any]:
+        """Rows, throughput over the engine's busy time, reserved KV, and the paths taken."""
+        with self.admission.wake:
+            active = self.rows.active()
+            tokens = self.rows.tokens
+            return {
+                "active": len(active),
+                "waiting": len(self.admission.waiting),
+                "tokens_generated": tokens,
+                "tokens_per_s": tokens / self._busy_s if self._busy_s > 0 else 0.0,
+                "kv_bytes_reserved": self.admission.reserved({id(h) for h in active}),
+                "kv_budget": self.kv_budget,
+                "kv_bytes_per_token": self.kv_bytes_per_token(),
+                "paths": dict(self.paths),
+            }
 
-    def _shutdown(self) -> None:
-        handles = self._active() + self.admission.drain()
-        handles += [h for group in self._groups.values() for h in group]
-        for batch in self._batches.values():
-            batch.discard()
-        self._serial, self._batches, self._forks = None, {}, []
-        for handle in handles:
-            handle.put(DoneEvent("cancelled"))
+    def announce_scheme(self, bits: int, group_size: int) -> None:
+        """A KV scheme to report in stats before any request uses it (a server's --kv-bits)."""
+        self._kv_schemes.add((bits, group_size))
 
+    def kv_bytes_per_token(self) -> dict[str, float]:
+        """What one token of context costs in the growing KV layers, unquantized and under each
+        KV scheme requests have used (`4bit-g64`, ...)."""
+        out = {"unquantized": self.kv_cost.token_bytes()}
+        for bits, group in sorted(self._kv_schemes):
+            out[f"{bits}bit-g{group}"] = self.kv_cost.token_bytes(bits, group)
+        return out
+
+    # the engine thread (or a driver's, under the turn lock)
     def _loop(self) -> None:
         while True:
-            self._await_turn()  # drive.py: idle, or a caller drives its lone row
-            with self._turn_lock:
-                self._take_back()  # drive.py: a row a driver left ready is this thread's now
+            self.driver.await_turn(self.scheduler.hold, self.trace.idle)
+            with self.driver.lock:
+                self.driver.take_back()  # a row a driver left ready is this thread's now
                 if not self._turn():
                     return
 
-    def _fail_running(self, error: Exception) -> None:
-        """End every running row with `error` and start clean (the queue keeps waiting)."""
-        handles = self._active()
-        handles += [h for group in self._groups.values() for h in group]
-        self._serial, self._alone, self._forks, self._groups = None, False, [], {}
-        for batch in self._batches.values():
-            batch.discard()
-        self._batches = {}
-        self._keys = KeyOwner()
+    def _turn(self, only: RequestHandle | None = None) -> bool:
+        """Schedule, run one unit of each kind of row, hand out the events. `only`: a driver's
+        turn admits just its own request. False once the engine has shut down."""
+        trace, rows = self.trace, self.rows
+        try:
+            trace.begin()
+            if only is not None or self.admission.waiting:
+                rows.settle()  # joiners' stores and merges evaluate on this thread
+            joiners = self.scheduler.take(only)
+            if joiners:
+                trace.admitted([handle for _, handle in joiners])
+                self.scheduler.start(joiners, self.driver.handle)
+            if self.admission.closed:
+                rows.release_held()
+                for handle in rows.drop_all() + self.admission.drain():
+                    handle.put(DoneEvent("cancelled"))
+                trace.close()
+                return False
+            tic = time.perf_counter()
+            trace.mark("admit")
+            self._run(rows)
+            self._busy_s += time.perf_counter() - tic
+            trace.end(rows.active, len(self.admission.waiting), rows.paths)
+            self.kernels.turn(sum(len(b) for b in rows.batches.values()))
+        except Exception as e:  # noqa: BLE001 - the loop must outlive any one turn's failure
+            log.exception("engine turn failed; its rows end with the error")
+            rows.release_held()
+            handles = rows.drop_all()  # the running rows end; the queue keeps waiting
+            if self.sharing is not None:
+                self.sharing.reset()
+            repair_key()
+            mx.clear_cache()  # before the callers hear of it (see rows.py: _clear_due)
+            for handle in handles:
+                handle.put(DoneEvent("error", e))
+        return True
+
+    def _run(self, rows: Rows) -> None:
+        trace = self.trace
+        if not rows.decode_only():
+            rows.release_held()  # a prefill or a serial row comes before the next step
+            rows.settle()
+        if rows.forks:
+            rows.fork_turn()
+            trace.mark("fork")
+        if rows.serial is not None:
+            rows.serial_turn()
+            trace.mark("serial")
+        if rows.batches:
+            trace.batches(rows.batches, before=True)
+            rows.batch_turns(waiting=bool(self.admission.waiting))
+            trace.batches(rows.batches, before=False)
+            trace.mark("batch")
         if self.sharing is not None:
-            self.sharing.reset()
-        repair_key()
-        for handle in handles:
-            handle.put(DoneEvent("error", error))
+            if self.sharing.store.ssd is not None:
+                rows.settle()  # a demotion reads entries on this thread
+            self.sharing.tick()
+            trace.mark("tick")

@@ -229,5 +229,5 @@ class PrefixSharing:
 def prompt_ids(req: GenerationRequest) -> np.ndarray:
     """The prompt's ids as int32, read through the array's buffer: a 4k-token prompt's
     `tolist()` and `np.asarray` of the list cost ~0.3 ms, paid several times a joiner at
-    admission (~1 ms a row of a 32-row wave's 31-37 ms on the CPU, session 46)."""
+    admission (~1 ms a row of a 32-row wave's 31-37 ms on the CPU)."""
     return np.asarray(req.prompt).reshape(-1).astype(np.int32, copy=False)

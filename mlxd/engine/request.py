@@ -1,10 +1,16 @@
-"""What crosses into the engine (a request) and what comes back (events), as small dataclasses."""
+"""What crosses into the engine (a request, its arrays evaluated first) and what comes back
+(events, read through the caller's handle), as small dataclasses."""
 
-from collections.abc import Callable
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 if TYPE_CHECKING:
     from .sampling import SamplingParams
@@ -82,3 +88,153 @@ class DoneEvent:
     text: str = ""  # the detokenizer's final flush
     prompt_cache: list[Any] | None = None  # when the request asked for it
     timings: dict[str, float] = field(default_factory=dict)
+
+
+# The caller's side of a submitted request: a stream of events, usable from threads or asyncio.
+
+Event = TokenEvent | DoneEvent
+Watchers = list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]  # async readers to wake
+
+
+def wake(watchers: Watchers) -> None:
+    """Set the readers' flags, with one thread-safe call (one self-pipe write) per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+    for loop, flag in watchers:
+        by_loop.setdefault(loop, []).append(flag)
+    for loop, flags in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_set_all, flags)
+        except RuntimeError:  # that event loop is closed: nobody is waiting there any more
+            pass
+
+
+def _set_all(flags: list[asyncio.Event]) -> None:
+    for flag in flags:
+        flag.set()
+
+
+class RequestHandle:
+    """Iterate for TokenEvents (blocking or `async for`); `done` holds the final DoneEvent."""
+
+    def __init__(self) -> None:
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._cancel = threading.Event()
+        self._watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._lock = threading.Lock()
+        self.done: DoneEvent | None = None
+        self.submitted = time.perf_counter()
+        self.arrived: float | None = None  # when its request reached the server (a Ticket's)
+        self.cached_tokens = 0  # prompt tokens the prefix store served (set at admission)
+
+    # engine side
+    def put(self, event: Event) -> None:
+        self._events.put(event)
+        if watchers := self._watching():
+            wake(watchers)
+
+    def put_quiet(self, event: Event) -> Watchers:
+        """Queue `event` without waking anyone; the caller passes the result to `wake` (one
+        wake-up per event loop for a whole batched step, not one per row)."""
+        self._events.put(event)
+        return self._watching()
+
+    def _watching(self) -> Watchers:
+        if not self._watchers:  # a thread reader: no lock (an async reader re-checks the queue
+            return []  # after registering, so one added just now sees this event anyway)
+        with self._lock:
+            return list(self._watchers)
+
+    def pending(self) -> bool:
+        """Events are queued that the reader has not taken yet (it is behind the engine)."""
+        return not self._events.empty()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    # caller side
+    def cancel(self) -> None:
+        """Ask the engine to drop the row at its next safe point (frees its caches)."""
+        self._cancel.set()
+
+    def _finish(self, event: DoneEvent) -> None:
+        self.done = event
+        if event.reason == "error" and event.error is not None:
+            raise event.error
+
+    def wait(self) -> DoneEvent:
+        """Block until the row has ended (dropping any unread tokens); its DoneEvent."""
+        for _ in self:
+            pass
+        assert self.done is not None
+        return self.done
+
+    def poll(self) -> TokenEvent | None:
+        """The next token event if one is queued (a DoneEvent ends the row: None, `done` set)."""
+        while self.done is None:
+            if self._events.empty():  # the driver's usual case: cheaper than raising Empty
+                return None
+            event = self._events.get_nowait()  # only this reader takes: it is still there
+            if isinstance(event, DoneEvent):
+                self._finish(event)
+            else:
+                return event
+        return None
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        while self.done is None:
+            event = self._events.get()
+            if isinstance(event, DoneEvent):
+                self._finish(event)
+            else:
+                yield event
+
+    async def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        flag = asyncio.Event()
+        with self._lock:
+            self._watchers.append((asyncio.get_running_loop(), flag))
+        while self.done is None:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                flag.clear()
+                if self._events.empty():
+                    await flag.wait()
+                continue
+            if isinstance(event, DoneEvent):
+                self._finish(event)
+            else:
+                yield event
+
+
+# Evaluate a caller's lazy arrays before they cross to the engine thread.
+
+
+def materialize(*trees: Any) -> None:
+    """Evaluate every array reachable from modules/caches in the calling thread.
+
+    MLX streams are per thread: a lazy array built in the caller (e.g. a rope module's private
+    `_freqs`) cannot be evaluated on the engine thread, so it is computed here first.
+    """
+    arrays: list[mx.array] = []
+    seen: set[int] = set()
+
+    def visit(x: Any) -> None:
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, mx.array):
+            arrays.append(x)
+        elif isinstance(x, dict | list | tuple):
+            for v in x.values() if isinstance(x, dict) else x:
+                visit(v)
+        elif hasattr(x, "__dict__") and not callable(x) or isinstance(x, nn.Module):
+            for v in vars(x).values():
+                visit(v)
+            if isinstance(x, nn.Module):
+                for v in x.values():
+                    visit(v)
+
+    for tree in trees:
+        visit(tree)
+    mx.eval(arrays)

@@ -52,9 +52,9 @@ class SerialRow:
     """A lone row on plain serial caches. `advance()` does one unit: a prefill chunk or a step."""
 
     # mlx-lm's mx.clear_cache() after each prefill chunk and every 256 tokens; the engine turns
-    # it off where a clear is slow (CUDA: BatchConfig.clear_cache). Buffers only, same bits.
+    # it off where a clear is slow (CUDA: EngineConfig.clear_cache). Buffers only, same bits.
     clears: bool = True
-    # A driver's row (engine/drive.py) keeps the key its last draw left, for a hand-over.
+    # A driver's row (engine/driver.py) keeps the key its last draw left, for a hand-over.
     keeps_key: bool = False
 
     def __init__(
@@ -166,7 +166,7 @@ class SerialRow:
     def _schedule(self, *arrays: mx.array) -> None:
         """mx.async_eval of the step's arrays and, in the same call, what else the turn built
         lazily (the PRNG key a draw split, converted KV): MLX streams are per thread, so
-        another thread can take the row after any turn (engine/drive.py)."""
+        another thread can take the row after any turn (engine/driver.py)."""
         if self.draws and self.keeps_key:
             self.key = mx.random.state[0]
             self.loose.append(self.key)

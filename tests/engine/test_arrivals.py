@@ -182,15 +182,6 @@ def test_an_ended_reply_holds_its_returning_turn_for_the_other(loaded, engine_of
     _assert_one_held_wave(loaded, engine, [h1, h2])
 
 
-def test_expecting_returns_can_be_turned_off() -> None:
-    a = Arrivals(0.5, expect_returns=False)  # MLXD_JOIN_EXPECT=0 in a server: the A/B's side
-    a.replied()
-    a.replied()
-    with a.coming():
-        pass
-    assert not a.ends and a.hold(time.perf_counter()) == 0.0
-
-
 def _stored(loaded, arrivals: Arrivals) -> Engine:
     return Engine(loaded[0], batch=8, arrivals=arrivals,
                   prefix_store=PrefixStore(max_entries=50), namespace="t")  # fmt: skip
@@ -255,10 +246,6 @@ def _held_with_its_wave(loaded, arrivals: Arrivals, cut: bool = True) -> dict:
     return paths
 
 
-def test_mlxd_join_lead_0_holds_the_long_prompt_with_its_wave(loaded) -> None:
-    _held_with_its_wave(loaded, Arrivals(30.0, lead=False))  # MLXD_JOIN_LEAD=0 in a server
-
-
 def test_a_long_prompt_with_no_cut_to_wait_for_is_held(loaded) -> None:
     """Without a boundary snapshot, turns on their way could not wait for its prefill and
     would compute the shared part again: so it waits with its wave, as before."""
@@ -277,11 +264,11 @@ def test_a_failed_store_peek_holds_the_prompt_with_its_wave(loaded, monkeypatch,
     assert "prefix store peek failed" in caplog.text
 
 
-def _fleet_turn(loaded, monkeypatch, lead: bool) -> tuple[list, dict]:
+def _fleet_turn(loaded, monkeypatch, window: float) -> tuple[list, dict]:
     """Three agents sharing a system prompt the store lacks (its cut where their prompts part):
     the first's request queues while the other two are still on their way. The first's system
-    snapshot waits until the other two have queued, so with the lead they come while it is
-    prefilling, as in a fleet whose prefill outlasts the others' tokenizing."""
+    snapshot waits until the other two have queued, so they come while it is prefilling, as in
+    a fleet whose prefill outlasts the others' tokenizing. `window` 0: no join window at all."""
     tok = loaded[1]
     prompts = [_long(tok, f" agent {i} asks") for i in range(3)]
     shared = next(i for i, (a, b) in enumerate(zip(*prompts[:2], strict=False)) if a != b)
@@ -292,7 +279,7 @@ def _fleet_turn(loaded, monkeypatch, lead: bool) -> tuple[list, dict]:
         return snapshot(self, req, plan, at, *rest, **kw)
 
     monkeypatch.setattr(PrefixSharing, "snapshot", gated)
-    engine = _stored(loaded, Arrivals(30.0, lead=lead))
+    engine = _stored(loaded, Arrivals(window))
     try:
 
         def req(prompt: list[int]) -> GenerationRequest:
@@ -303,8 +290,8 @@ def _fleet_turn(loaded, monkeypatch, lead: bool) -> tuple[list, dict]:
         with engine.arrivals.coming() as t0, engine.arrivals.coming() as t1:
             with engine.arrivals.coming() as t2:
                 first = engine.submit(req(prompts[0]), t0)
-                time.sleep(0.3)  # started ahead (its snapshot gated), or held for the others
-                assert engine.stats()["waiting"] == (0 if lead else 1)
+                time.sleep(0.3)  # started at once (its snapshot gated), not held for the others
+                assert engine.stats()["waiting"] == 0
                 later = zip(prompts[1:], (t1, t2), strict=True)
                 rest = [engine.submit(req(p), t) for p, t in later]
         queued.set()
@@ -316,14 +303,12 @@ def _fleet_turn(loaded, monkeypatch, lead: bool) -> tuple[list, dict]:
 
 
 def test_starting_ahead_keeps_the_rows_bits_and_the_shared_prefill(loaded, monkeypatch) -> None:
-    """Held or started ahead, the first agent prefills the system prompt alone and the others
-    wait for its snapshot: the same rows, so the same tokens and logprobs, exactly."""
-    ahead, ahead_paths = _fleet_turn(loaded, monkeypatch, lead=True)
-    held, held_paths = _fleet_turn(loaded, monkeypatch, lead=False)
+    """Started ahead of its held wave, the first agent prefills the system prompt alone and the
+    others wait for its snapshot: the same rows as with no window, so the same tokens and
+    logprobs, exactly."""
+    ahead, ahead_paths = _fleet_turn(loaded, monkeypatch, 30.0)
+    plain, plain_paths = _fleet_turn(loaded, monkeypatch, 0.0)
     assert ahead_paths["started ahead of its wave"] == 1
-    assert "started ahead of its wave" not in held_paths
-    # Held, the others are sent back in its own wave (counted); ahead, they queue behind its
-    # pending snapshot (`defer`). Either way its snapshot serves them (`_fleet_turn`).
-    assert held_paths["waited for a shared prefix"] == 2
-    assert ahead_paths["serial->batched"] == held_paths["serial->batched"] == 1
-    assert_same_outputs(ahead, held)
+    assert "started ahead of its wave" not in plain_paths
+    assert ahead_paths["serial->batched"] == plain_paths["serial->batched"] == 1
+    assert_same_outputs(ahead, plain)

@@ -1,6 +1,6 @@
-"""Grammar masks in the batched step (issue 8, point 2): constrained and free rows share one
+"""Grammar masks in the batched step: constrained and free rows share one
 batch; the masks are filled on the CPU while the forward runs and applied with one `where`
-(`batch_logits.py`). mlx-lm's BatchGenerator running the same processors row by row (its own
+(`decode_step.py`). mlx-lm's BatchGenerator running the same processors row by row (its own
 per-row path) is the oracle: token ids and logprob arrays are equal."""
 
 from collections.abc import Callable
@@ -13,7 +13,7 @@ from mlx_lm.sample_utils import make_logits_processors
 
 from mlxd.constrain import Constraint, compiler_for
 from mlxd.constrain.processor import GrammarLogitsProcessor
-from mlxd.engine.batch_logits import BiasedGenerationBatch, LogitBias
+from mlxd.engine.decode_step import BiasedGenerationBatch, LogitBias
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 

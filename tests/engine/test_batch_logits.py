@@ -1,4 +1,4 @@
-"""Logit biases in the batched step: one scatter over the batch (`batch_logits.py`) gives
+"""Logit biases in the batched step: one scatter over the batch (`decode_step.py`) gives
 mlx-lm's BatchGenerator bits exactly, with mlx-lm's own per-row processors as the oracle."""
 
 from collections.abc import Callable
@@ -9,8 +9,8 @@ import pytest
 from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
 from mlx_lm.sample_utils import make_logits_processors
 
-from mlxd.engine.batch_logits import BiasedGenerationBatch
-from mlxd.engine.batch_row import BatchConfig
+from mlxd.config import EngineConfig
+from mlxd.engine.decode_step import BiasedGenerationBatch
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.engine.sampling import SamplingParams
@@ -24,8 +24,8 @@ def _oracle(model, prompts, n, eos, processors):
     return batch_generator_outputs(model, prompts, n, eos, processors)
 
 
-def _run(model, prompts, n, eos, params: list[SamplingParams], config: BatchConfig | None = None):
-    engine = Engine(model, batch_config=config)
+def _run(model, prompts, n, eos, params: list[SamplingParams], config: EngineConfig | None = None):
+    engine = Engine(model, config=config)
     try:
         reqs = [
             GenerationRequest(prompt=mx.array(p), max_tokens=n, stop_token_ids=eos, sampling=s)
@@ -82,7 +82,7 @@ def test_a_row_with_a_penalty_shares_the_batched_step(
     )  # fmt: skip
     params = [SamplingParams(logit_bias=b, **p) for b, p in zip(BIASES, penalty, strict=True)]
     assert_same_outputs(_run(model, prompts, 8, eos, params), ref)
-    # The penalised row no longer sends the batch to mlx-lm's per-row step (batch_penalties.py).
+    # The penalised row no longer sends the batch to mlx-lm's per-row step (decode_step.py).
     assert len(TEXTS) in spy
 
 
@@ -123,7 +123,7 @@ def test_a_rows_processors_sort_into_bias_penalties_grammar_or_none() -> None:
     """`_kinds` runs for every row each step the batch's own path is taken: a row without
     processors is the usual case, and anything unknown must send the batch to mlx-lm's step."""
     from mlxd.constrain.processor import GrammarLogitsProcessor
-    from mlxd.engine.batch_logits import _kinds
+    from mlxd.engine.decode_step import _kinds
     from mlxd.engine.sampling import LogitBias, Penalty
 
     assert _kinds(None) == (None, [], None) and _kinds([]) == (None, [], None)
@@ -149,47 +149,13 @@ def _own_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return steps
 
 
-@pytest.mark.parametrize("split", [0.0, 0.5], ids=["wait", "split"])
-def test_the_step_encoded_after_the_last_one_is_read_keeps_mlx_lms_bits(
-    tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, split: float
-) -> None:
-    """`--step-order wait` (and split: the first layers queued before the read) only moves
-    when a step is queued: the same tokens and logprobs as mlx-lm's BatchGenerator, through
-    mlxd's own step (every step, with no processor at all)."""
-    from mlx_lm import load
-
-    from mlxd.engine import step_order
-
-    model, tok = load(str(tiny_model("qwen3")))
-    eos = frozenset(tok.eos_token_ids)
-    prompts = [tok.encode(t) for t in TEXTS]
-    order = "split" if split else "wait"
-    config = BatchConfig(8, 8, 2048, step_order=order, split_fraction=split)
-    queued: list[int] = []
-    first = step_order.first_layers
-
-    def spy(caches, fraction):
-        queued.append(len(first(caches, fraction)))
-        return first(caches, fraction)
-
-    monkeypatch.setattr(step_order, "first_layers", spy)
-    steps = _own_steps(monkeypatch)
-    ref = _oracle(model, prompts, 10, eos, [[] for _ in TEXTS])
-    got = _run(model, prompts, 10, eos, [SamplingParams() for _ in TEXTS], config)
-    assert_same_outputs(got, ref)
-    assert max(steps) == len(TEXTS) and len(steps) >= 9  # mlxd's step, not mlx-lm's
-    # split: the first of the tiny model's 2 layers (its keys and values) queued every step
-    assert queued == ([2] * len(steps) if split else [])
-
-
 def test_the_default_order_is_mlx_lms_own_step(
     tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without a step order (nor a processor), mlx-lm's GenerationBatch._step runs as it is:
-    the order is the engine's config, not a class default read from the environment."""
+    the order is the engine's config, not a class default."""
     from mlx_lm import load
 
-    monkeypatch.setenv("MLXD_STEP_ORDER", "split")  # the flag's default only; not read here
     model, tok = load(str(tiny_model("qwen3")))
     prompts = [tok.encode(t) for t in TEXTS[:2]]
     steps = _own_steps(monkeypatch)
@@ -197,39 +163,25 @@ def test_the_default_order_is_mlx_lms_own_step(
     assert [len(h) for h in got] == [6, 6] and steps == []
 
 
-def test_step_order_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_step_order_and_thread_rows_settings() -> None:
     from mlx_lm.models.cache import KVCache
 
-    from mlxd.engine import step_order
+    from mlxd.config import EngineConfig, from_env
+    from mlxd.engine import overlap
 
-    monkeypatch.delenv("MLXD_STEP_ORDER", raising=False)
-    assert step_order.order() is None  # neither set: the machine's default
-    assert step_order.resolved() == ("thread" if mx.cuda.is_available() else "pipelined")
-    assert step_order.order("wait") == step_order.resolved("wait") == "wait"  # the flag's first
-    monkeypatch.setenv("MLXD_STEP_ORDER", "split")
-    assert step_order.order("pipelined") == "pipelined"
-    assert step_order.resolved() == "split"  # the variable before the machine's default
-    monkeypatch.setenv("MLXD_STEP_SPLIT", "0.25")
-    assert step_order.order() == "split" and step_order.split_fraction() == 0.25
-    monkeypatch.delenv("MLXD_THREAD_ROWS", raising=False)
-    assert step_order.thread_rows() == 16
-    monkeypatch.setenv("MLXD_THREAD_ROWS", "24")
-    assert step_order.thread_rows() == 24
+    assert overlap.default_order() == ("thread" if mx.cuda.is_available() else "pipelined")
+    with pytest.raises(ValueError, match="one of pipelined, thread"):
+        EngineConfig(step_order="split")
+    assert from_env(EngineConfig(), {}).thread_rows == 16
+    assert from_env(EngineConfig(), {"MLXD_THREAD_ROWS": "24"}).thread_rows == 24
+    assert from_env(EngineConfig(thread_rows=3), {"MLXD_THREAD_ROWS": "24"}).thread_rows == 3
     for bad in ("0", "-3", "1.5"):
-        monkeypatch.setenv("MLXD_THREAD_ROWS", bad)
-        with pytest.raises(ValueError, match="a row count"):
-            step_order.thread_rows()
-    for bad in ("0", "1.5", "half"):
-        monkeypatch.setenv("MLXD_STEP_SPLIT", bad)
-        with pytest.raises(ValueError, match="a fraction of the layers"):
-            step_order.split_fraction()
-    monkeypatch.setenv("MLXD_STEP_ORDER", "later")
-    with pytest.raises(ValueError, match="one of pipelined, wait, split, thread"):
-        step_order.order()
+        with pytest.raises(ValueError, match="MLXD_THREAD_ROWS|a row count"):
+            from_env(EngineConfig(), {"MLXD_THREAD_ROWS": bad})
     caches = [KVCache() for _ in range(6)]
     for c in caches:
         c.update_and_fetch(mx.zeros((1, 1, 2, 4)), mx.ones((1, 1, 2, 4)))
-    got = step_order.first_layers(caches, 0.25)  # ceil(1.5) = 2 layers
+    got = overlap.first_layers(caches, 0.25)  # ceil(1.5) = 2 layers
     assert len(got) == 4 and got[0] is caches[0].keys and got[3] is caches[1].values
-    assert len(step_order.first_layers(caches, 0.01)) == 2  # at least one layer
-    assert len(step_order.first_layers(caches, 2.0)) == 12  # at most all
+    assert len(overlap.first_layers(caches, 0.01)) == 2  # at least one layer
+    assert len(overlap.first_layers(caches, 2.0)) == 12  # at most all

@@ -1,4 +1,4 @@
-"""Repetition, presence and frequency penalties over the batch (engine/batch_penalties.py):
+"""Repetition, presence and frequency penalties over the batch (engine/decode_step.py):
 the same logits as mlx-lm's processors on each one-row slice, and in the whole step the same
 tokens and logprob arrays as BatchGenerator with mlx-lm's own processors."""
 
@@ -11,7 +11,7 @@ import pytest
 from fixtures.batch_oracle import batch_generator_outputs
 from mlx_lm.sample_utils import make_logits_processors
 
-from mlxd.engine import batch_penalties as bp
+from mlxd.engine import decode_step
 from mlxd.engine.sampling import SamplingParams
 
 
@@ -48,9 +48,9 @@ def test_penalties_over_the_batch_equal_each_rows_processors(dtype, trial: int) 
             row = proc(mx.array(history[e]), row)
         rows.append(row)
     expected = mx.concatenate(rows)
-    procs = [[q for q in p.processors() if isinstance(q, bp.Penalty)] for p in params]
+    procs = [[q for q in p.processors() if isinstance(q, decode_step.Penalty)] for p in params]
     contexts = {e: mx.array(h) for e, h in enumerate(history) if procs[e]}
-    got = bp.apply_penalties(logits, procs, contexts)
+    got = decode_step.apply_penalties(logits, procs, contexts)
     assert got.dtype == expected.dtype and mx.array_equal(got, expected).item()
     if any(procs):
         assert not mx.array_equal(got, logits).item()  # the penalties did something
@@ -96,9 +96,9 @@ def test_the_step_with_penalised_sampled_rows_equals_batch_generator(
     params[1].presence_penalty = 0.9
     params[2].frequency_penalty = 0.6
     calls: list[int] = []
-    real = bp.apply_penalties
+    real = decode_step.apply_penalties
     monkeypatch.setattr(
-        "mlxd.engine.batch_logits.apply_penalties",
+        "mlxd.engine.decode_step.apply_penalties",
         lambda lg, ps, cx: calls.append(1) or real(lg, ps, cx),
     )
     expected = _generator_run(model, prompts, params, ours=False)

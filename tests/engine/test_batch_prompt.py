@@ -1,4 +1,4 @@
-"""Batched prefill without mlx-lm's buffer-cache clears (`batch_prompt.py`): the same tokens and
+"""Batched prefill without mlx-lm's buffer-cache clears (`prefill.py`): the same tokens and
 logprob arrays as BatchGenerator, over padded, multi-chunk prompts; the cache keeps its buffers;
 `--prefill-clear-cache auto` is off on CUDA only."""
 
@@ -11,9 +11,9 @@ from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
 from mlx_lm.generate import PromptProcessingBatch
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxd.engine.batch import BatchConfig
-from mlxd.engine.batch_prompt import KeptBuffersPromptBatch, clears_cache
+from mlxd.config import EngineConfig
 from mlxd.engine.engine import Engine
+from mlxd.engine.prefill import KeptBuffersPromptBatch, clears_cache
 from mlxd.engine.request import GenerationRequest
 
 TEXTS = ["Hello there my friend, how are you today?", "x", "Tell me a long story about a cat"]
@@ -43,7 +43,7 @@ def test_kept_buffers_give_batch_generator_bits(
     eos = frozenset(tok.eos_token_ids)
     prompts = [tok.encode(t) for t in TEXTS]
     ref = batch_generator_outputs(model, prompts, 8, eos, prefill_step_size=4)
-    engine = Engine(model, batch_config=BatchConfig(8, 8, 4, clear_cache=False))
+    engine = Engine(model, config=EngineConfig(8, 8, 4, clear_cache=False))
     try:
         reqs = [
             GenerationRequest(prompt=mx.array(p), max_tokens=8, stop_token_ids=eos) for p in prompts
@@ -98,8 +98,8 @@ def test_the_engine_clears_the_buffer_cache_only_when_configured(
     calls: list[int] = []
     clear = mx.clear_cache
     monkeypatch.setattr(mx, "clear_cache", lambda: (calls.append(1), clear())[1])
-    config = BatchConfig(4, 4, 8, clear_cache=clears)  # 8-token chunks: multi-chunk prefills
-    engine = Engine(model, batch=4, prefill_step_size=8, batch_config=config)
+    config = EngineConfig(4, 4, 8, clear_cache=clears)  # 8-token chunks: multi-chunk prefills
+    engine = Engine(model, batch=4, prefill_step_size=8, config=config)
     try:
         lone = engine.submit(GenerationRequest(prompt=mx.array(tok.encode(TEXTS[0])), max_tokens=4))
         lone.wait()
@@ -122,7 +122,7 @@ def test_a_closing_batch_clears_only_after_its_last_tokens_went_out(
     and done events are handed out before it, so no reader waits for the clear."""
     from mlx_lm import load
 
-    from mlxd.engine.handle import RequestHandle
+    from mlxd.engine.request import RequestHandle
 
     model, tok = load(str(tiny_model("qwen3")))
     log: list[str] = []
@@ -131,7 +131,7 @@ def test_a_closing_batch_clears_only_after_its_last_tokens_went_out(
     monkeypatch.setattr(
         RequestHandle, "put_quiet", lambda h, e: (log.append(type(e).__name__), put(h, e))[1]
     )
-    engine = Engine(model, batch=4, batch_config=BatchConfig(4, 4, 2048, clear_cache=True))
+    engine = Engine(model, batch=4, config=EngineConfig(4, 4, 2048, clear_cache=True))
     try:
         handles = engine.submit_many(
             [GenerationRequest(prompt=mx.array(tok.encode(t)), max_tokens=3) for t in TEXTS]

@@ -1,4 +1,4 @@
-"""Batched rows with different samplers drawn in a few batched calls (engine/batch_sampling.py):
+"""Batched rows with different samplers drawn in a few batched calls (engine/sampling.py):
 each row's token, every seeded row's key and the thread's key afterwards equal mlx-lm's
 per-row loop (GenerationBatch._step: a sampler call per one-row slice), bit for bit."""
 
@@ -11,8 +11,8 @@ import pytest
 from fixtures.batch_oracle import batch_generator_outputs
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from mlxd.engine import batch_sampling as bs
-from mlxd.engine.batch import BatchConfig
+from mlxd.config import EngineConfig
+from mlxd.engine import sampling
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.engine.rng import current_key, set_key
@@ -54,7 +54,7 @@ def test_batched_draws_equal_mlx_lms_per_row_loop(dtype, vocab: int, seeds: list
         ref = _per_row(ref_samplers, logprobs)
         ref_key = current_key()
         set_key((7, step))
-        got = bs.sample_rows(got_samplers, logprobs)
+        got = sampling.sample_rows(got_samplers, logprobs)
         assert got is not None and got.dtype == ref.dtype and got.shape == ref.shape
         assert got.tolist() == ref.tolist()
         assert current_key() == ref_key  # the next step's draws start from the same key
@@ -103,7 +103,7 @@ def test_random_mixes_of_rows_draw_as_the_per_row_loop(trial: int) -> None:
         ref = _per_row(ref_samplers, logprobs)
         ref_key = current_key()
         set_key((trial, step))
-        got = bs.sample_rows(got_samplers, logprobs)
+        got = sampling.sample_rows(got_samplers, logprobs)
         assert got is not None and got.tolist() == ref.tolist(), (trial, step)
         assert current_key() == ref_key
     keys = [getattr(s, "key", None) for s in got_samplers]
@@ -112,7 +112,9 @@ def test_random_mixes_of_rows_draw_as_the_per_row_loop(trial: int) -> None:
 
 def test_a_sampler_it_cannot_batch_leaves_the_step_to_mlx_lm() -> None:
     logprobs = mx.zeros((2, 16))
-    assert bs.sample_rows([MIX[0].sampler(), make_sampler(0.7)], logprobs) is None  # a callable
+    assert (
+        sampling.sample_rows([MIX[0].sampler(), make_sampler(0.7)], logprobs) is None
+    )  # a callable
 
 
 def _load(tiny_model: Callable[..., Path]):
@@ -126,18 +128,18 @@ PROMPTS = ["Tell me a story", "The sea is", "One two three four", "Hello", "x y 
 
 @pytest.fixture
 def calls(monkeypatch) -> list[int]:
-    """One entry per batched draw the step takes (engine/batch_logits.py's call)."""
+    """One entry per batched draw the step takes (engine/decode_step.py's call)."""
     seen: list[int] = []
-    real = bs.sample_rows
+    real = sampling.sample_rows
     monkeypatch.setattr(
-        "mlxd.engine.batch_logits.sample_rows", lambda s, lp: seen.append(1) or real(s, lp)
+        "mlxd.engine.decode_step.sample_rows", lambda s, lp: seen.append(1) or real(s, lp)
     )
     return seen
 
 
 def _engine_run(model, tok, on: bool | None) -> list[list[tuple[int, mx.array]]]:
     """Every row seeded: the engine thread's own key would make unseeded rows differ by run."""
-    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, batch_sampling=on))
+    engine = Engine(model, config=EngineConfig(8, 8, 2048, batch_sampling=on))
     try:
         reqs = [
             GenerationRequest(
@@ -207,5 +209,5 @@ def test_with_logit_biases_too(tiny_model) -> None:
 def test_an_engine_at_its_defaults_draws_batched_except_on_metal(tiny_model, calls) -> None:
     """The CPU and MLX-CUDA are where these tests proved the bits; Metal waits for its run."""
     model, tok = _load(tiny_model)
-    _engine_run(model, tok, None)  # BatchConfig(batch_sampling=None): the default
+    _engine_run(model, tok, None)  # EngineConfig(batch_sampling=None): the default
     assert bool(calls) == (not mx.metal.is_available())

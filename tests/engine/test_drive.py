@@ -16,9 +16,9 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from mlxd.engine.engine import Engine
+from mlxd.engine.overlap import run_on_worker
 from mlxd.engine.request import GenerationRequest
 from mlxd.engine.serial import SerialRow
-from mlxd.engine.threads import run_on_worker
 
 PROMPT = [3, 14, 15, 92, 65, 35]
 
@@ -45,7 +45,7 @@ def decode_threads(monkeypatch) -> list[int]:
 
 
 def _on_worker(job: Callable[[], object]) -> object:
-    """Run `job` on a pooled non-main thread (threads that ran MLX must not end: threads.py)."""
+    """Run `job` on a pooled non-main thread (threads that ran MLX must not end: overlap.py)."""
     out: list[object] = []
     done = threading.Event()
     run_on_worker(lambda: out.append(job()), done)
@@ -153,7 +153,7 @@ def test_a_second_request_takes_the_rows_back_to_the_engine_thread(loaded, decod
 
 def test_a_driven_stream_closed_early_frees_its_row(loaded) -> None:
     from mlxd import stream_generate
-    from mlxd.engine.registry import engine_for
+    from mlxd.engine.api import engine_for
 
     model, tokenizer = loaded
     gen = stream_generate(model, tokenizer, PROMPT, max_tokens=50)
@@ -163,7 +163,7 @@ def test_a_driven_stream_closed_early_frees_its_row(loaded) -> None:
     deadline = time.monotonic() + 30
     while engine.stats()["active"] and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert engine.stats()["active"] == 0 and engine._driver is None
+    assert engine.stats()["active"] == 0 and engine.driver.handle is None
     ref_tokens, _ = _reference(model, 6)  # and the next stream is served (and driven) as usual
     assert [r.token for r in stream_generate(model, tokenizer, PROMPT, max_tokens=6)] == ref_tokens
 
@@ -207,7 +207,7 @@ def test_a_sampled_row_handed_over_keeps_its_key_and_its_bits(loaded, decode_thr
         assert [e.token for e in got] == [t for t, _ in ref]
         assert _same([e.logprobs for e in got], [lp for _, lp in ref])
         assert [e.token for e in second] == _reference(model, 4, PROMPT[:3])[0]
-        paths = engine.stats()["paths"]  # issue 3's "which path each request took"
+        paths = engine.stats()["paths"]  # which path each request took
         assert paths["driven"] == paths["driven->engine thread"] == 1
         assert paths["serial"] == 2
     finally:
@@ -266,8 +266,8 @@ def test_a_row_taken_mid_prefill_continues_on_the_engine_thread(loaded) -> None:
     try:
         req = GenerationRequest(prompt=mx.array(prompt), max_tokens=6, prefill_step_size=4)
         first = engine.submit_driven(req)
-        assert engine._drive_once(first) and engine._drive_once(first)
-        assert engine._serial is not None and engine._serial[0].processed == 8
+        assert engine.driver.drive_once(first) and engine.driver.drive_once(first)
+        assert engine.rows.serial is not None and engine.rows.serial[0].processed == 8
         other = GenerationRequest(prompt=mx.array(PROMPT), max_tokens=3)
         assert len(_on_worker(lambda: [e.token for e in engine.submit(other)])) == 3
         assert [e.token for e in engine.drive(first)] == ref
@@ -316,10 +316,10 @@ def test_a_row_handed_over_right_after_its_kv_was_quantized_keeps_its_bits(loade
     try:
         first = engine.submit_driven(GenerationRequest(prompt=mx.array(PROMPT), max_tokens=8, **kv))
         turns = 0
-        while engine._serial is None or not isinstance(
-            engine._serial[0].cache[0], QuantizedKVCache
+        while engine.rows.serial is None or not isinstance(
+            engine.rows.serial[0].cache[0], QuantizedKVCache
         ):
-            assert engine._drive_once(first)
+            assert engine.driver.drive_once(first)
             turns += 1
         assert 1 < turns < 8  # converted mid-stream, by a driven turn
         other = GenerationRequest(prompt=mx.array(PROMPT[:3]), max_tokens=2)
@@ -342,7 +342,7 @@ def test_a_greedy_row_handed_over_ends_with_the_key_it_came_with(loaded) -> None
     try:
         req = GenerationRequest(prompt=mx.array(PROMPT), max_tokens=6, random_key=key)
         first = engine.submit_driven(req)
-        assert engine._drive_once(first) and engine._drive_once(first)
+        assert engine.driver.drive_once(first) and engine.driver.drive_once(first)
         other = GenerationRequest(prompt=mx.array(PROMPT[:3]), max_tokens=2)
         assert len(_on_worker(lambda: [e.token for e in engine.submit(other)])) == 2
         assert [e.token for e in engine.drive(first)] == _reference(model, 6)[0]

@@ -262,7 +262,7 @@ def test_an_unexpected_turn_failure_fails_running_rows_not_the_engine(model) -> 
     with that error; the loop goes on and the next request is served."""
     engine = Engine(model, batch=4)
     try:
-        real = engine._serial_turn
+        real = engine.rows.serial_turn
         calls = []
 
         def fail_once() -> None:
@@ -271,7 +271,7 @@ def test_an_unexpected_turn_failure_fails_running_rows_not_the_engine(model) -> 
                 raise RuntimeError("turn exploded")
             real()
 
-        engine._serial_turn = fail_once
+        engine.rows.serial_turn = fail_once
         first = engine.submit(GenerationRequest(prompt=mx.array(PROMPTS[0]), max_tokens=4))
         with pytest.raises(RuntimeError, match="turn exploded"):
             list(first)
@@ -286,8 +286,8 @@ def test_a_failed_step_releases_mlxs_buffer_cache(model, monkeypatch, where: str
     """MLX-CUDA throws on a failed allocation without releasing its own cached buffers, so
     after a failed step the engine clears them, even with clearing off (CUDA's default);
     "none": the same requests succeeding clear nothing (the control)."""
-    from mlxd.engine.batch import BatchConfig
-    from mlxd.engine.fork import ForkJob
+    from mlxd.config import EngineConfig
+    from mlxd.engine.moves import ForkJob
 
     def broken(*_: Any) -> Any:
         raise MemoryError("out of memory, say")
@@ -295,11 +295,11 @@ def test_a_failed_step_releases_mlxs_buffer_cache(model, monkeypatch, where: str
     cleared: list[int] = []
     real = mx.clear_cache
     monkeypatch.setattr(mx, "clear_cache", lambda: cleared.append(1) or real())
-    engine = Engine(model, batch=4, batch_config=BatchConfig(4, 4, 2048, clear_cache=False))
+    engine = Engine(model, batch=4, config=EngineConfig(4, 4, 2048, clear_cache=False))
     try:
         if where == "turn":  # whatever escapes a turn: the serial turn fails once
-            real_turn = engine._serial_turn
-            engine._serial_turn = broken
+            real_turn = engine.rows.serial_turn
+            engine.rows.serial_turn = broken
         if where == "fork":  # an n > 1 request's shared prefill
             monkeypatch.setattr(ForkJob, "step", broken)
             handles = engine.submit_n(GenerationRequest(prompt=mx.array(PROMPTS[0])), 2)
@@ -317,7 +317,7 @@ def test_a_failed_step_releases_mlxs_buffer_cache(model, monkeypatch, where: str
                     list(handle)
         assert (len(cleared) > 0) == (where != "none"), cleared
         if where == "turn":
-            engine._serial_turn = real_turn
+            engine.rows.serial_turn = real_turn
         after = engine.submit(GenerationRequest(prompt=mx.array(PROMPTS[2]), max_tokens=3))
         assert len(list(after)) == 3 and engine.alive
     finally:

@@ -1,4 +1,4 @@
-"""`--switch-interval engine` (engine/gil.py): the batched step sets the GIL's switch interval
+"""`--switch-interval engine` (engine/overlap.py): the batched step sets the GIL's switch interval
 long while it builds its graph and short from its device waits on, and keeps mlx-lm's bits."""
 
 import sys
@@ -10,10 +10,10 @@ import pytest
 from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
 from mlx_lm.sample_utils import make_logits_processors
 
-from mlxd.engine.batch import BatchConfig
-from mlxd.engine.batch_logits import BiasedGenerationBatch
+from mlxd.config import EngineConfig
+from mlxd.engine.decode_step import BiasedGenerationBatch
 from mlxd.engine.engine import Engine
-from mlxd.engine.gil import StepPhases, step_phases
+from mlxd.engine.overlap import StepPhases, step_phases
 from mlxd.engine.request import GenerationRequest
 from mlxd.engine.sampling import SamplingParams
 
@@ -46,7 +46,7 @@ def test_phased_step_keeps_mlx_lms_bits_and_switches_by_phase(
         return readouts(self, sampled, logprobs)
 
     monkeypatch.setattr(BiasedGenerationBatch, "_readouts", spying)
-    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, phases=PHASES))
+    engine = Engine(model, EngineConfig(8, 8, 2048), phases=PHASES)
     try:
         reqs = [
             GenerationRequest(
@@ -65,17 +65,10 @@ def test_phased_step_keeps_mlx_lms_bits_and_switches_by_phase(
     assert sys.getswitchinterval() == pytest.approx(PHASES.wait_s)  # the last step's waits
 
 
-def test_step_phases_only_for_engine(interval, monkeypatch) -> None:
+def test_step_phases_only_when_asked(interval) -> None:
     sys.setswitchinterval(0.003)
-    monkeypatch.delenv("MLXD_HELD_WAKE", raising=False)
-    assert step_phases("engine") == StepPhases(build_s=pytest.approx(0.003))
-    assert step_phases("engine").hold_wakes  # type: ignore[union-attr]
-    assert step_phases(None) is None and step_phases(0.001) is None
-    monkeypatch.setenv("MLXD_HELD_WAKE", "0")
-    assert not step_phases("engine").hold_wakes  # type: ignore[union-attr]
-    monkeypatch.setenv("MLXD_HELD_WAKE", "yes")
-    with pytest.raises(ValueError, match="MLXD_HELD_WAKE='yes': 0 or 1"):
-        step_phases("engine")
+    assert step_phases(True) == StepPhases(build_s=pytest.approx(0.003))
+    assert step_phases(False) is None
 
 
 def test_a_lone_row_decodes_under_the_short_interval_with_generate_steps_bits(
@@ -98,7 +91,7 @@ def test_a_lone_row_decodes_under_the_short_interval_with_generate_steps_bits(
 
     monkeypatch.setattr(SerialRow, "decode", spying)
     sys.setswitchinterval(PHASES.build_s)  # as a batched step's build leaves it
-    engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, phases=PHASES))
+    engine = Engine(model, EngineConfig(8, 8, 2048), phases=PHASES)
     try:
         (handle,) = engine.submit_many([GenerationRequest(prompt=mx.array(prompt), max_tokens=8)])
         got = [(e.token, e.logprobs) for e in handle]
@@ -112,7 +105,7 @@ def test_a_lone_row_decodes_under_the_short_interval_with_generate_steps_bits(
 def test_held_wake_wakes_once_and_never_holds_two_steps() -> None:
     import asyncio
 
-    from mlxd.engine.gil import HeldWake
+    from mlxd.engine.overlap import HeldWake
 
     loop = asyncio.new_event_loop()
     try:
@@ -142,7 +135,7 @@ def test_readers_are_woken_as_the_next_step_is_queued(
 
     from mlx_lm import load
 
-    from mlxd.engine import gil
+    from mlxd.engine import overlap
 
     model, tok = load(str(tiny_model("qwen3")))
     eos = frozenset(tok.eos_token_ids)
@@ -162,12 +155,12 @@ def test_readers_are_woken_as_the_next_step_is_queued(
         wakes.append(inside[0])
         return real_wake(watchers)
 
-    real_wake = gil.wake
+    real_wake = overlap.wake
     monkeypatch.setattr(BiasedGenerationBatch, "_processed_step", stepping)
-    monkeypatch.setattr(gil, "wake", waking)
+    monkeypatch.setattr(overlap, "wake", waking)
 
     def read(phases: StepPhases | None, own=None) -> list[list[tuple[int, mx.array]]]:
-        engine = Engine(model, batch_config=BatchConfig(8, 8, 2048, phases=phases))
+        engine = Engine(model, EngineConfig(8, 8, 2048), phases=phases)
         reqs = [
             GenerationRequest(
                 prompt=mx.array(p), max_tokens=12, stop_token_ids=eos, logits_processors=own
@@ -189,8 +182,6 @@ def test_readers_are_woken_as_the_next_step_is_queued(
 
     plain = read(None)
     assert wakes == []  # no phases: every wake-up at once, none held
-    assert_same_outputs(read(StepPhases(0.0042, 0.00031, hold_wakes=False)), plain)
-    assert wakes == []  # MLXD_HELD_WAKE=0: the phases alone, readers woken at once
     got = read(StepPhases(build_s=0.0042, wait_s=0.00031))
     assert_same_outputs(got, plain)
     assert all(len(h) == 12 for h in got)

@@ -77,27 +77,27 @@ def test_a_failed_summary_is_written_not_raised(tmp_path: Path) -> None:
     assert "no summary: RuntimeError('no trace')" in (tmp_path / "k.txt").read_text()
 
 
-def test_from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("MLXD_KERNELS", raising=False)
-    assert type(KernelWindow.from_env()) is NoWindow
-    monkeypatch.setenv("MLXD_KERNELS", str(tmp_path / "k.txt"))
+def test_the_config_opens_the_window(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from mlxd.config import EngineConfig, from_env
+
+    assert type(KernelWindow.of(None, "32 60 40")) is NoWindow
     monkeypatch.setattr("mlxd.engine.kernel_window._cupti", FakeProfiler)
-    monkeypatch.setenv("MLXD_KERNELS_AT", "8 3 5")
-    w = KernelWindow.from_env()
+    env = {"MLXD_KERNELS": str(tmp_path / "k.txt"), "MLXD_KERNELS_AT": "8 3 5"}
+    config = from_env(EngineConfig(), env)
+    w = KernelWindow.of(config.kernels, config.kernels_at)
     assert isinstance(w, KernelWindow) and (w.rows, w.start, w.turns) == (8, 3, 5)
     for bad in ("32 60", "a b c"):
-        monkeypatch.setenv("MLXD_KERNELS_AT", bad)
         with pytest.raises(ValueError, match="three integers"):
-            KernelWindow.from_env()
-    monkeypatch.delenv("MLXD_KERNELS_AT")
-    w = KernelWindow.from_env()
+            from_env(EngineConfig(), {**env, "MLXD_KERNELS_AT": bad})
+    config = from_env(EngineConfig(), {"MLXD_KERNELS": env["MLXD_KERNELS"]})
+    w = KernelWindow.of(config.kernels, config.kernels_at)
     assert isinstance(w, KernelWindow) and (w.rows, w.start, w.turns) == (32, 60, 40)
 
     def no_torch() -> None:
         raise ModuleNotFoundError("No module named 'torch'")
 
     monkeypatch.setattr("mlxd.engine.kernel_window._cupti", no_torch)
-    assert type(KernelWindow.from_env()) is NoWindow  # the server starts without the window
+    assert type(KernelWindow.of(config.kernels, config.kernels_at)) is NoWindow  # still serves
 
 
 def _two_rows(engine) -> list[list[int]]:
@@ -120,7 +120,7 @@ def _windowed(tiny_model, monkeypatch, tmp_path, order: str, **kw):
     its 1st to 3rd turns of >= 2 rows (a stand-in profiler)."""
     from mlx_lm import load
 
-    from mlxd.engine.batch_row import BatchConfig
+    from mlxd.config import EngineConfig
     from mlxd.engine.engine import Engine
 
     model = load(str(tiny_model("qwen3")))[0]
@@ -129,31 +129,31 @@ def _windowed(tiny_model, monkeypatch, tmp_path, order: str, **kw):
     monkeypatch.setattr("mlxd.engine.kernel_window._cupti", FakeProfiler)
     monkeypatch.setenv("MLXD_KERNELS", str(tmp_path / "k.txt"))
     monkeypatch.setenv("MLXD_KERNELS_AT", "2 1 3")
-    config = BatchConfig(4, 4, 2048, step_order=order, **kw)
-    return plain, Engine(model, batch=4, batch_config=config)
+    config = EngineConfig(4, 4, 2048, step_order=order, **kw)
+    return plain, Engine(model, batch=4, config=config)
 
 
 def test_the_engine_reports_its_rows_and_times_its_steps(tiny_model, monkeypatch, tmp_path) -> None:
-    plain, engine = _windowed(tiny_model, monkeypatch, tmp_path, "split")
-    window = engine._kernels
-    assert isinstance(window, KernelWindow) and engine.config.clock is window.clock
+    plain, engine = _windowed(tiny_model, monkeypatch, tmp_path, "pipelined")
+    window = engine.kernels
+    assert isinstance(window, KernelWindow) and engine.rows.clock is window.clock
     seen: list[int] = []
     turn = window.turn
     window.turn = lambda rows: (seen.append(rows), turn(rows))  # type: ignore[method-assign]
     assert _two_rows(engine) == plain  # the timed step is the same step
     assert seen[0] == 0 and 2 in seen  # serial turns report 0; the two-row batch reports 2
     text = (tmp_path / "k.txt").read_text()
-    assert "3 turns of >= 2 rows from the 1-th, step order split" in text
-    assert "host ms a step (3 steps): build " in text and ", encode first " in text
+    assert "3 turns of >= 2 rows from the 1-th, step order pipelined" in text
+    assert "host ms a step (3 steps): build " in text and ", encode " in text
     assert ", wait " in text
 
 
 def test_step_clock_sums_parts_per_step(monkeypatch) -> None:
-    from mlxd.engine import step_clock
+    from mlxd.engine import kernel_window
 
     now = iter([0.0, 0.001, 0.004, 1.0, 1.003, 1.004])
-    monkeypatch.setattr(step_clock.time, "perf_counter", lambda: next(now))
-    c = step_clock.StepClock()
+    monkeypatch.setattr(kernel_window.time, "perf_counter", lambda: next(now))
+    c = kernel_window.StepClock()
     for _ in range(2):
         c.start()
         c.mark("build")
@@ -179,11 +179,11 @@ def test_step_clock_keeps_each_threads_marks_apart(monkeypatch) -> None:
     part runs from its own last mark, and the turn's sum leaves the encoder's out."""
     import threading
 
-    from mlxd.engine import step_clock
+    from mlxd.engine import kernel_window
 
     now = iter([0.0, 0.010, 0.012, 0.003])
-    monkeypatch.setattr(step_clock.time, "perf_counter", lambda: next(now))
-    c = step_clock.StepClock()
+    monkeypatch.setattr(kernel_window.time, "perf_counter", lambda: next(now))
+    c = kernel_window.StepClock()
     c.start()  # the engine thread: 0.0
 
     def encoder() -> None:

@@ -1,4 +1,4 @@
-"""Quantized-KV rows under continuous batching (issue 7, point 2): they join, leave and are
+"""Quantized-KV rows under continuous batching: they join, leave and are
 filtered in a running batch of their format, and each row's tokens and logprobs equal its solo
 mlx-lm run with the same --kv-bits / --kv-group-size / --quantized-kv-start.
 

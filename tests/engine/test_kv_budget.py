@@ -8,8 +8,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxd.engine.admission import KVBudgetExceeded, KVCost
 from mlxd.engine.engine import Engine
-from mlxd.engine.kv_budget import KVBudgetExceeded, KVCost
 from mlxd.engine.request import GenerationRequest
 
 

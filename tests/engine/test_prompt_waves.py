@@ -9,9 +9,9 @@ import pytest
 from fixtures.batch_oracle import batch_generator_outputs
 from mlx_lm.generate import PromptProcessingBatch
 
-from mlxd.engine.batch import BatchConfig
+from mlxd.config import EngineConfig
 from mlxd.engine.engine import Engine
-from mlxd.engine.prompt_waves import wave_budget, wave_rows
+from mlxd.engine.prefill import wave_budget, wave_rows
 from mlxd.engine.request import GenerationRequest
 
 
@@ -63,8 +63,8 @@ def test_a_budgeted_wave_equals_batch_generator_at_its_composition(
     expected = batch_generator_outputs(model, prompts, 8, eos, prefill_batch_size=rows)
     assert [w for w in waves if w] == [rows] * (6 // rows)
     waves.clear()
-    config = BatchConfig(6, 2, 2048, prefill_tokens=budget)
-    engine = Engine(model, batch=6, batch_config=config)
+    config = EngineConfig(6, 2, 2048, prefill_tokens=budget)
+    engine = Engine(model, batch=6, config=config)
     try:
         reqs = [
             GenerationRequest(prompt=mx.array(p), max_tokens=8, stop_token_ids=eos) for p in prompts
@@ -86,8 +86,7 @@ def _drive(
     `at`; stepped to the end with `wave_size` (hold) or mlx-lm's fixed count. Tokens per row."""
     from mlx_lm.generate import BatchGenerator
 
-    from mlxd.engine.batch_prompt import keep_buffers
-    from mlxd.engine.prompt_waves import wave_size
+    from mlxd.engine.prefill import keep_buffers, wave_size
 
     gen = BatchGenerator(model, completion_batch_size=8, prefill_batch_size=8)
     keep_buffers(gen)

@@ -121,11 +121,11 @@ def test_random_load(model, batch: int) -> None:
 def test_a_failure_while_starting_rows_ends_them(model, monkeypatch) -> None:
     """Joiners taken from the queue but not yet rows when admission fails get the error (they
     used to wait forever); the engine then serves the next requests."""
-    from mlxd.engine import batch as batch_module
+    from mlxd.engine import batch
 
     e = Engine(model, batch=4)
     try:
-        real = batch_module.BatchedRows.insert
+        real = batch.BatchedRows.insert
         calls = {"n": 0}
 
         def fail_once(self, *args, **kwargs):
@@ -134,7 +134,7 @@ def test_a_failure_while_starting_rows_ends_them(model, monkeypatch) -> None:
                 raise RuntimeError("insert failed")
             return real(self, *args, **kwargs)
 
-        monkeypatch.setattr(batch_module.BatchedRows, "insert", fail_once)
+        monkeypatch.setattr(batch.BatchedRows, "insert", fail_once)
         reqs = [GenerationRequest(prompt=mx.array([5, 6, 7 + i]), max_tokens=3) for i in range(2)]
         handles = e.submit_many(reqs)
         errors: list[BaseException] = []
@@ -160,13 +160,13 @@ def test_a_failure_while_starting_rows_ends_them(model, monkeypatch) -> None:
 def _driven(engine: Engine, s: dict) -> tuple[bool, list[int], str]:
     """One request read on this (the main) thread: (driven at first?, tokens, reason)."""
     handle = engine.submit_driven(_request(s))
-    driven = engine._driver is handle
+    driven = engine.driver.handle is handle
     tokens = []
     for e in engine.drive(handle):
         tokens.append(e.token)
         if s["cancel_after"] is not None and len(tokens) > s["cancel_after"]:
             handle.cancel()
-    assert handle.done is not None and engine._driver is not handle
+    assert handle.done is not None and engine.driver.handle is not handle
     return driven, tokens, handle.done.reason
 
 

@@ -1,4 +1,4 @@
-"""`--step-order thread` (engine/encoder.py): the batched step read and queued on a thread of its
+"""`--step-order thread` (engine/overlap.py): the batched step read and queued on a thread of its
 own gives mlx-lm's BatchGenerator bits, through rows that leave, a row that joins mid-flight,
 sampled rows and logprob figures; a failure on that thread reaches the engine thread."""
 
@@ -14,29 +14,31 @@ import mlx.core as mx
 import pytest
 from fixtures.batch_oracle import assert_same_outputs, batch_generator_outputs
 
-from mlxd.engine import encoder as encoder_mod
-from mlxd.engine.batch_row import BatchConfig
-from mlxd.engine.encoder import StepEncoder
+from mlxd.config import EngineConfig
+from mlxd.engine import overlap
 from mlxd.engine.engine import Engine
+from mlxd.engine.overlap import StepEncoder
 from mlxd.engine.request import GenerationRequest
 from mlxd.engine.sampling import SamplingParams
 
 TEXTS = ["Hello there my friend", "Tell me a long story about a cat", "x", "one two three four"]
-THREAD = BatchConfig(8, 8, 2048, step_order="thread", thread_rows=1)
+THREAD = EngineConfig(8, 8, 2048, step_order="thread", thread_rows=1)
 
 
 @pytest.fixture
 def encodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The thread each encoder job's queue part ran on (encoder.py's `mx.async_eval`)."""
+    """The thread each encoder job's queue part ran on (overlap.py's `mx.async_eval`)."""
     names: list[str] = []
 
     def async_eval(*arrays: Any) -> None:
         names.append(threading.current_thread().name)
         mx.async_eval(*arrays)
 
-    fake = SimpleNamespace(**{n: getattr(mx, n) for n in ("eval", "new_thread_unsafe_stream")})
+    fake = SimpleNamespace(
+        **{n: getattr(mx, n) for n in ("eval", "new_thread_unsafe_stream", "array")}
+    )
     fake.async_eval, fake.default_device = async_eval, mx.default_device
-    monkeypatch.setattr(encoder_mod, "mx", fake)
+    monkeypatch.setattr(overlap, "mx", fake)
     return names
 
 
@@ -53,7 +55,7 @@ def test_thread_order_gives_mlx_lms_bits(tiny_model: Callable[..., Path], encode
     eos = frozenset(tok.eos_token_ids)
     prompts = [tok.encode(t) for t in TEXTS]
     ref = batch_generator_outputs(model, prompts, 12, eos, [[] for _ in TEXTS])
-    engine = Engine(model, batch_config=THREAD)
+    engine = Engine(model, config=THREAD)
     try:
         reqs = [
             GenerationRequest(prompt=mx.array(p), max_tokens=12, stop_token_ids=eos)
@@ -66,7 +68,7 @@ def test_thread_order_gives_mlx_lms_bits(tiny_model: Callable[..., Path], encode
     assert len(encodes) >= 9 and set(encodes) == {"mlxd-step-encoder"}
 
 
-def _mixed_run(model: Any, tok: Any, config: BatchConfig | None) -> list[list[tuple]]:
+def _mixed_run(model: Any, tok: Any, config: EngineConfig | None) -> list[list[tuple]]:
     """Rows of 6-14 tokens (they leave apart), one sampled with a seed, one reading logprob
     figures, and a fifth joining after the others' 4th token."""
     eos = frozenset(tok.eos_token_ids)
@@ -90,7 +92,7 @@ def _mixed_run(model: Any, tok: Any, config: BatchConfig | None) -> list[list[tu
         )  # fmt: skip
         for e, (p, n, s) in enumerate(zip(prompts, lengths, params, strict=True))
     ]
-    engine = Engine(model, batch_config=config)
+    engine = Engine(model, config=config)
     try:
         handles = engine.submit_many(reqs)
         first = iter(handles[0])
@@ -109,7 +111,7 @@ def test_thread_order_through_leaves_a_join_sampling_and_figures(
     """The same rows in mlxd's default order (mlx-lm's own GenerationBatch step) and in the
     thread order: the same tokens, logprob arrays and figures at every step."""
     model, tok = _load(tiny_model)
-    ref = _mixed_run(model, tok, BatchConfig(8, 8, 2048))
+    ref = _mixed_run(model, tok, EngineConfig(8, 8, 2048))
     assert encodes == []  # the default order has no encoder
     got = _mixed_run(model, tok, THREAD)
     assert [len(r) for r in got] == [14, 6, 9, 11, 8]
@@ -129,8 +131,8 @@ def test_batches_below_the_thread_rows_step_on_the_engine_thread(
     and fewer than three are left, then run here in mlx-lm's order; the bits are the same as
     with every step on the engine thread, and a floor above the batch hands it none."""
     model, tok = _load(tiny_model)
-    ref = _mixed_run(model, tok, BatchConfig(8, 8, 2048))
-    got = _mixed_run(model, tok, BatchConfig(8, 8, 2048, step_order="thread", thread_rows=3))
+    ref = _mixed_run(model, tok, EngineConfig(8, 8, 2048))
+    got = _mixed_run(model, tok, EngineConfig(8, 8, 2048, step_order="thread", thread_rows=3))
     for g, r in zip(got, ref, strict=True):
         assert [t for t, *_ in g] == [t for t, *_ in r]
         assert all(mx.array_equal(a, b).item() for (_, a, *_), (_, b, *_) in zip(g, r, strict=True))
@@ -138,14 +140,14 @@ def test_batches_below_the_thread_rows_step_on_the_engine_thread(
     _mixed_run(model, tok, THREAD)  # a floor of 1: every step after a change of rows
     assert 0 < floor3 < len(encodes)
     encodes.clear()
-    _mixed_run(model, tok, BatchConfig(8, 8, 2048, step_order="thread", thread_rows=9))
+    _mixed_run(model, tok, EngineConfig(8, 8, 2048, step_order="thread", thread_rows=9))
     assert encodes == []
 
 
 def test_two_batches_encode_one_at_a_time_with_mlx_lms_bits(
     tiny_model: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rows on quantized KV run in a batch of their own beside the plain rows' (crossing.py):
+    """Rows on quantized KV run in a batch of their own beside the plain rows' (moves.py):
     both batches' encoders queue on the one stream, never at the same time, and every row gets
     the tokens and logprobs of the default order."""
     spans: list[tuple[float, float, int]] = []
@@ -159,7 +161,7 @@ def test_two_batches_encode_one_at_a_time_with_mlx_lms_bits(
     eos = frozenset(tok.eos_token_ids)
     kv = dict(kv_bits=4, kv_group_size=32, quantized_kv_start=4)
 
-    def run(config: BatchConfig | None) -> list[list[tuple[int, Any]]]:
+    def run(config: EngineConfig | None) -> list[list[tuple[int, Any]]]:
         reqs = [
             GenerationRequest(
                 prompt=mx.array(tok.encode(t)),
@@ -169,16 +171,16 @@ def test_two_batches_encode_one_at_a_time_with_mlx_lms_bits(
             )  # fmt: skip
             for e, t in enumerate(TEXTS)
         ]
-        engine = Engine(model, batch_config=config)
+        engine = Engine(model, config=config)
         try:
             return [[(e.token, e.logprobs) for e in h] for h in engine.submit_many(reqs)]
         finally:
             engine.close()
 
-    ref = run(BatchConfig(8, 8, 2048))
-    encoder_mod.stream()  # made before the stand-in below replaces mx
-    fake = SimpleNamespace(eval=mx.eval, async_eval=async_eval)
-    monkeypatch.setattr(encoder_mod, "mx", fake)
+    ref = run(EngineConfig(8, 8, 2048))
+    overlap.stream()  # made before the stand-in below replaces mx
+    fake = SimpleNamespace(eval=mx.eval, async_eval=async_eval, array=mx.array)
+    monkeypatch.setattr(overlap, "mx", fake)
     got = run(THREAD)
     assert_same_outputs(got, ref)
     assert len({t for *_, t in spans}) >= 2  # two encoders took steps
@@ -201,9 +203,9 @@ def test_a_failed_read_is_the_steps_error_and_a_failed_queue_the_next_calls(
 
         return call
 
-    shared = encoder_mod.stream()  # arrays the encoder's thread can evaluate (a batch's stream)
-    fake = SimpleNamespace(eval=checked(mx.eval), async_eval=checked(mx.async_eval))
-    monkeypatch.setattr(encoder_mod, "mx", fake)
+    shared = overlap.stream()  # arrays the encoder's thread can evaluate (a batch's stream)
+    fake = SimpleNamespace(eval=checked(mx.eval), async_eval=checked(mx.async_eval), array=mx.array)
+    monkeypatch.setattr(overlap, "mx", fake)
     enc = StepEncoder()
     try:
         ok = mx.array([1, 2])
@@ -238,7 +240,8 @@ def test_a_closing_batch_logs_its_last_steps_failure(monkeypatch, caplog) -> Non
             raise RuntimeError("out of memory")
         mx.async_eval(*arrays)
 
-    monkeypatch.setattr(encoder_mod, "mx", SimpleNamespace(eval=mx.eval, async_eval=async_eval))
+    fake = SimpleNamespace(eval=mx.eval, async_eval=async_eval, array=mx.array)
+    monkeypatch.setattr(overlap, "mx", fake)
     enc = StepEncoder()
     ok = mx.array([1, 2])
     assert enc.step([ok], ok, [bad]) == [1, 2]
@@ -250,10 +253,10 @@ def test_a_closing_batch_logs_its_last_steps_failure(monkeypatch, caplog) -> Non
 
 def test_the_encoders_thread_outlives_its_batch() -> None:
     """A thread that ran MLX work and ended takes its thread-local streams and command encoders
-    with it (and on the CPU can abort the process at exit, threads.py): a closed encoder's
+    with it (and on the CPU can abort the process at exit, overlap.py): a closed encoder's
     thread goes back to the pool alive, and the next batch's encoder runs on a pooled thread,
     under the encoder's name only while it serves."""
-    shared = encoder_mod.stream()
+    shared = overlap.stream()
     with mx.stream(shared):
         ok = mx.array([1, 2]) + 0
     first = StepEncoder()
@@ -264,12 +267,12 @@ def test_the_encoders_thread_outlives_its_batch() -> None:
     second = StepEncoder()
     try:
         assert second.step([ok], ok, []) == [1, 2]
-        assert second._thread.name == encoder_mod.NAME
+        assert second._thread.name == overlap.NAME
     finally:
         second.close()
     assert first._thread.is_alive() and second._thread.is_alive()
     assert second._thread in before  # an idle pooled thread, taken again: none started
-    assert second._thread.name != encoder_mod.NAME
+    assert second._thread.name != overlap.NAME
 
 
 def test_a_joiners_prefill_waits_for_the_encoder(
@@ -288,7 +291,7 @@ def test_a_joiners_prefill_waits_for_the_encoder(
             t0 = time.perf_counter()
             out = real(*arrays)
             who = threading.current_thread().name
-            if who == encoder_mod.NAME:
+            if who == overlap.NAME:
                 time.sleep(hold)  # a long encode: the engine thread goes on meanwhile
             spans.append((t0, time.perf_counter(), who))
             return out
@@ -299,12 +302,12 @@ def test_a_joiners_prefill_waits_for_the_encoder(
     eos = frozenset(tok.eos_token_ids)
     long = tok.encode(" ".join(TEXTS * 4))  # a joiner prefilled in several chunks
 
-    def run(config: BatchConfig) -> list[list[tuple[int, Any]]]:
+    def run(config: EngineConfig) -> list[list[tuple[int, Any]]]:
         reqs = [
             GenerationRequest(prompt=mx.array(tok.encode(t)), max_tokens=16, stop_token_ids=eos)
             for t in TEXTS
         ]
-        engine = Engine(model, batch_config=config)
+        engine = Engine(model, config=config)
         try:
             handles = engine.submit_many(reqs)
             first = iter(handles[0])
@@ -315,16 +318,16 @@ def test_a_joiners_prefill_waits_for_the_encoder(
             engine.close()
         return [[(e.token, e.logprobs) for e in r] for r in rows]
 
-    ref = run(BatchConfig(8, 8, 8))
-    encoder_mod.stream()  # made before the stand-ins below replace mx's calls
-    monkeypatch.setattr(encoder_mod, "mx", SimpleNamespace(
-        eval=timed(real_eval, 0.0), async_eval=timed(real_async, 0.02)
+    ref = run(EngineConfig(8, 8, 8))
+    overlap.stream()  # made before the stand-ins below replace mx's calls
+    monkeypatch.setattr(overlap, "mx", SimpleNamespace(
+        eval=timed(real_eval, 0.0), async_eval=timed(real_async, 0.02), array=mx.array
     ))  # fmt: skip
     monkeypatch.setattr(mx, "eval", timed(real_eval, 0.0))
     monkeypatch.setattr(mx, "async_eval", timed(real_async, 0.0))
-    got = run(BatchConfig(8, 8, 8, step_order="thread", thread_rows=1))
+    got = run(EngineConfig(8, 8, 8, step_order="thread", thread_rows=1))
     assert_same_outputs(got, ref)
-    encoder = [(a, b) for a, b, who in spans if who == encoder_mod.NAME]
+    encoder = [(a, b) for a, b, who in spans if who == overlap.NAME]
     engine = [(a, b) for a, b, who in spans if who == "mlxd-engine"]  # the loop's thread
     assert len(encoder) >= 10 and len(engine) >= len(long) // 8  # the joiner's chunks
     overlaps = [(e, q) for e in engine for q in encoder if e[0] < q[1] and q[0] < e[1]]

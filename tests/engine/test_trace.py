@@ -12,8 +12,8 @@ import pytest
 
 from mlxd.engine.arrivals import Arrivals
 from mlxd.engine.engine import Engine
+from mlxd.engine.instrument import NoTrace, Trace
 from mlxd.engine.request import GenerationRequest
-from mlxd.engine.trace import NoTrace, Trace
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +33,11 @@ def traced(model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     engine.close()
 
 
-def test_unset_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("MLXD_TRACE", raising=False)
-    assert type(Trace.from_env()) is NoTrace
+def test_unset_is_a_no_op() -> None:
+    from mlxd.config import EngineConfig, from_env
+
+    assert from_env(EngineConfig(), {}).trace is None
+    assert type(Trace.of(None)) is NoTrace
 
 
 def test_a_line_per_turn_with_phases_paths_and_batch_counters(traced) -> None:
@@ -90,29 +92,6 @@ def test_an_idle_engine_has_written_its_lines(traced) -> None:
     assert lines and all("t" in x for x in lines)
 
 
-def test_a_shared_prefix_batch_says_so_and_the_report_counts_it(
-    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In a +shared mode the batch's trace entry carries the prefix it holds once."""
-    from bench.probes.trace_report import load, report
-    from mlxd.engine.batch import BatchConfig
-
-    path = tmp_path / "trace.jsonl"
-    monkeypatch.setenv("MLXD_TRACE", str(path))
-    engine = Engine(model, batch_config=BatchConfig(4, 4, 2048, attention="folded+shared"))
-    prefix = [(7 * i) % 800 + 3 for i in range(600)]
-    reqs = [GenerationRequest(prompt=mx.array(prefix + [5 + i]), max_tokens=6) for i in range(3)]
-    for h in engine.submit_many(reqs):
-        h.wait()
-    engine.close()
-    gen = [g for x in load(str(path)) for g in x.get("gen", [])]
-    assert {g.get("shared") for g in gen} >= {576}  # 600 rounded down to 64s
-    assert any(
-        line.startswith("batch turns over a shared prefix")
-        for line in report(load(str(path)), 0.05)
-    )
-
-
 def _untraced_then_traced(
     make: Callable[[], Engine], rows: tuple[tuple[int, int], ...], tmp_path: Path, monkeypatch
 ) -> list[dict[str, Any]]:
@@ -145,14 +124,14 @@ def test_a_join_has_its_parts_and_a_decode_turn_none(
     what the merge, the padded forward and the roll took and the padded shape; the turn moving
     them to decoding, its first step; a plain decode turn has no parts. Same tokens as untraced."""
     from bench.probes.trace_report import report
-    from mlxd.engine import trace_parts
-    from mlxd.engine.batch import BatchConfig
+    from mlxd.config import EngineConfig
+    from mlxd.engine import instrument
 
     def engine() -> Engine:
-        return Engine(model, batch_config=BatchConfig(4, 4, 2048, clear_cache=False))
+        return Engine(model, config=EngineConfig(4, 4, 2048, clear_cache=False))
 
     lines = _untraced_then_traced(engine, ((9, 5), (14, 5), (20, 5)), tmp_path, monkeypatch)
-    assert trace_parts.start() is None  # the closed trace switched the timing off
+    assert instrument.start() is None  # the closed trace switched the timing off
     parts = [x["parts"] for x in lines if "parts" in x]
     wave = next(p for p in parts if "forward" in p)
     assert {"merge", "forward", "roll"} <= set(wave) and wave["shape"][:2] == [3, 19]
@@ -171,13 +150,13 @@ def test_rows_leaving_have_their_parts(
     times the step queued before mlx-lm's filter, the filter's copies and the finished row's
     cache into the prefix store, and trace_report sums them. Same tokens as untraced."""
     from bench.probes.trace_report import report
-    from mlxd.engine.batch import BatchConfig
+    from mlxd.config import EngineConfig
     from mlxd.store import PrefixStore
 
     def engine() -> Engine:
-        config = BatchConfig(4, 4, 2048, clear_cache=False)
+        config = EngineConfig(4, 4, 2048, clear_cache=False)
         store = PrefixStore(max_entries=50)
-        return Engine(model, batch_config=config, prefix_store=store, namespace="tiny")
+        return Engine(model, config=config, prefix_store=store, namespace="tiny")
 
     lines = _untraced_then_traced(engine, ((9, 3), (14, 8), (20, 5)), tmp_path, monkeypatch)
     leaving = [x["parts"] for x in lines if "filter" in x.get("parts", {})]

@@ -1,28 +1,28 @@
-"""MLXD_TRACE=FILE: one JSON line per engine turn (where the loop's time went), for device runs.
+"""Instruments for device runs. MLXD_TRACE=FILE: one JSON line per engine turn (where the
+loop's time went).
 
 A line has the turn's start (`t`, seconds since the engine started), the host time of each phase
 (`admit` (with any idle wait), `fork`, `serial`, `batch`, `tick`), the rows running and waiting,
 what the paths counter gained (rows admitted serial / batched, moves), BatchGenerator's
 counters over the turn (prompt tokens and time, decode steps and time), and a join's `parts`
-(trace_parts.py: merge, forward, roll, first step, snapshots, the padded shape), and for the
+(py: merge, forward, roll, first step, snapshots, the padded shape), and for the
 rows it admitted when their requests reached the server (`came`) and the engine (`queued`),
 first and last. Unset: every call is a no-op (`NoTrace`).
 
 Lines are written out once a second, when the engine goes idle and at close, not per turn: a
-write releases the GIL, where the HTTP thread can take it for its burst of frames. The H200
-traces of sessions 13 and 17 (written per turn) have a median 1.3-1.5 ms a 32-row step outside
-every phase, between one turn's line and the next turn (docs/performance.md §1, session 21).
+write releases the GIL, where the HTTP thread can take it for its burst of frames. H200 traces
+written per turn had a median 1.3-1.5 ms a 32-row step outside every phase, between one turn's
+line and the next turn.
 """
 
 import json
-import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import IO, Any
 
-from . import trace_parts
+import mlx.core as mx
 
 Counters = tuple[int, float, int, float]
 
@@ -57,18 +57,17 @@ class Trace(NoTrace):
 
     def __init__(self, path: str) -> None:
         # A 1 MB buffer: no write (and no GIL release) per turn. The lock: a driver's thread can
-        # write a turn's line while the engine thread flushes before it waits (drive.py).
+        # write a turn's line while the engine thread flushes before it waits (driver.py).
         self._out: IO[str] = open(path, "a", buffering=1 << 20)  # noqa: SIM115 - closed by the engine
         self._io = threading.Lock()
         self._t0 = self._last = self._flushed = time.perf_counter()
         self._paths: Counter[str] = Counter()
         self._rec: dict[str, Any] = {}
         self._before: list[tuple[Any, Any, Counters]] = []
-        trace_parts.enable()  # a join's parts, synced, in its turn's line (trace_parts.py)
+        enable()  # a join's parts, synced, in its turn's line (py)
 
     @staticmethod
-    def from_env() -> NoTrace:
-        path = os.environ.get("MLXD_TRACE")
+    def of(path: str | None) -> NoTrace:
         return Trace(path) if path else NoTrace()
 
     def begin(self) -> None:
@@ -111,7 +110,7 @@ class Trace(NoTrace):
         self._rec.update(active=len(active()), waiting=waiting)
         if moved:
             self._rec["paths"] = dict(moved)
-        if parts := trace_parts.take():
+        if parts := take():
             self._rec["parts"] = parts
         with self._io:
             self._out.write(json.dumps(self._rec) + "\n")
@@ -125,7 +124,7 @@ class Trace(NoTrace):
         self._flushed = time.perf_counter()
 
     def close(self) -> None:
-        trace_parts.disable()
+        disable()
         with self._io:
             self._out.close()
 
@@ -139,3 +138,51 @@ def held_prefix(caches: list[Any]) -> int:
 def _counters(batch: Any) -> Counters:
     c = batch.gen._counters  # mlx-lm's BatchCounters
     return c.prompt_tokens, c.prompt_time, c.generation_steps, c.decode_time
+
+
+# A join's parts for MLXD_TRACE: seconds of the batched prefill's merge, forward passes, roll,
+# move to decoding and first step, and the rows' snapshots, in the turn's trace line (`parts`).
+#
+# Off unless the trace is on (`start` returns None and `stop` returns at once). On, each part ends
+# in a sync, so the GPU time of the lazy work before it lands in that part; the arrays, and so the
+# bits, are the same.
+
+_parts: dict[str, Any] | None = None
+
+
+def enable() -> None:
+    global _parts
+    _parts = {}
+
+
+def disable() -> None:
+    global _parts
+    _parts = None
+
+
+def take() -> dict[str, Any] | None:
+    """This turn's parts (None when nothing was timed), and a fresh record for the next."""
+    global _parts
+    if not _parts:
+        return None
+    out, _parts = _parts, {}
+    return out
+
+
+def note(key: str, value: Any) -> None:
+    """A fact about the turn's prefill (e.g. its padded shape), kept beside its parts."""
+    if _parts is not None:
+        _parts.setdefault(key, value)
+
+
+def start() -> float | None:
+    return None if _parts is None else time.perf_counter()
+
+
+def stop(name: str, tic: float | None, sync: Any = None) -> None:
+    """Add the seconds since `tic` to `name`, after evaluating `sync` (arrays), if timing."""
+    if tic is None or _parts is None:
+        return
+    if sync is not None:
+        mx.eval(sync)
+    _parts[name] = round(_parts.get(name, 0.0) + time.perf_counter() - tic, 6)

@@ -6,14 +6,13 @@ token ids, so when it is the only processor in the batch, one scatter over the w
 does the same adds to the same logits: the same bits, a handful of ops instead of ~4 per row.
 A grammar (structured outputs) masks with one `where` over the batch, free rows untouched, and
 its masks are filled on the CPU while the device computes the forward. Repetition, presence and
-frequency penalties run kind by kind over the batch (batch_penalties.py). Any other processor
+frequency penalties run kind by kind over the batch (decode_step.py). Any other processor
 (a caller's callable) takes mlx-lm's own step, unchanged. After every step the layers' RoPE
 offsets share one add (kv/step_offsets.py).
 
-`wait_first` (`--step-order wait` or `split`, step_order.py): the step reads the last one's tokens
-before it is queued (split: after queuing its first layers), not after: KV writes in place.
-`encoder` (`--step-order thread`, encoder.py): a thread of its own reads them and queues the step
-while this one goes on; anything here that evaluates settles it first.
+`encoder` (`--step-order thread`, overlap.py): a thread of its own reads the last step's tokens
+and queues this one (its first layers first, overlap.py) while this thread goes on; anything
+here that evaluates settles it first.
 """
 
 from collections.abc import Callable
@@ -22,17 +21,15 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
+from ..config import THREAD_ROWS
 from ..constrain.mask import apply_bitmask
 from ..constrain.processor import GrammarLogitsProcessor
 from ..kv import step_offsets
-from . import step_order
-from .batch_penalties import apply_penalties
-from .batch_sampling import sample_rows
-from .encoder import StepEncoder
-from .gil import StepPhases
+from . import overlap as step_order
+from .kernel_window import StepClock
 from .output import Readout
-from .sampling import LogitBias, Penalty
-from .step_clock import StepClock
+from .overlap import StepEncoder, StepPhases
+from .sampling import LogitBias, Penalty, sample_rows
 
 
 def _kinds(processors: list[Any] | None) -> tuple[Any, list[Penalty], Any] | None:
@@ -55,13 +52,11 @@ class BiasedGenerationBatch(GenerationBatch):
     _bias_of: tuple[Any, ...] = ()  # the LogitBias objects the scatter below was built from
     _bias: tuple[mx.array, mx.array, mx.array] | None = None
     _masker: Any = None
-    batch_sampling = False  # rows' different samplers in batched calls (batch_sampling.py)
-    phases: StepPhases | None = None  # the GIL's switch interval by step phase (gil.py)
-    wait_first = False  # read the last step first (BatchConfig.step_order; the module doc)
-    split = 0.0  # with wait_first, the share of layers queued before that read
+    batch_sampling = False  # rows' different samplers in batched calls (sampling.py)
+    phases: StepPhases | None = None  # the GIL's switch interval by step phase (overlap.py)
     clock: StepClock | None = None  # the host time of the step's parts (MLXD_KERNELS' window)
-    encoder: StepEncoder | None = None  # reads and queues the steps on its thread (encoder.py)
-    thread_rows = step_order.THREAD_ROWS  # the encoder's floor (fewer rows: pipelined, here)
+    encoder: StepEncoder | None = None  # reads and queues the steps on its thread (overlap.py)
+    thread_rows = THREAD_ROWS  # the encoder's floor (fewer rows: pipelined, here)
     _hot = False  # the last step was queued here and the rows have not changed since
     # mlx-lm's next() prefills a joiner's chunk on this thread right after this step: the
     # encoder's queue must be done first (BatchedRows.step)
@@ -90,7 +85,7 @@ class BiasedGenerationBatch(GenerationBatch):
 
     def _processed_step(self) -> tuple[list[int], list[mx.array]]:
         self.current_read, self._next_read = self._next_read, {}
-        ours = self.wait_first or any(self.logits_processors) or self._mixed() or self._reading()
+        ours = any(self.logits_processors) or self._mixed() or self._reading()
         ours = ours or self.encoder is not None
         if self.phases is not None:  # this step's lines, to switch phases inside them
             self.phases.building()
@@ -158,7 +153,7 @@ class BiasedGenerationBatch(GenerationBatch):
             read = [inputs, *self._current_logprobs]
             read += [a for r in self.current_read.values() for a in r.arrays()]
             queue = [self._next_tokens, *self._next_logprobs, *reads]
-            first = step_order.first_layers(self.prompt_cache, self.split) if self.split else []
+            first = step_order.first_layers(self.prompt_cache, step_order.FIRST_LAYERS)
             tokens = self.encoder.step(read, inputs, queue, first)
             if self.settle_after:  # one command encoder a stream: not two threads inside it
                 self.encoder.settle()
@@ -175,14 +170,6 @@ class BiasedGenerationBatch(GenerationBatch):
         """Queue this step and read the last one's tokens on this thread, in the step order."""
         clock = self.clock
         self.settle()
-        if self.wait_first:  # the last step done (its buffers free) before this one is encoded
-            if self.split:  # but its first layers, which the last step has long passed
-                mx.async_eval(*step_order.first_layers(self.prompt_cache, self.split))
-                if clock is not None:
-                    clock.mark("encode first")
-            mx.eval(inputs, self._current_logprobs)
-            if clock is not None:
-                clock.mark("wait first")
         mx.async_eval(self._next_tokens, self._next_logprobs, *reads)
         if clock is not None:
             clock.mark("encode")
@@ -259,3 +246,45 @@ class BiasedGenerationBatch(GenerationBatch):
             self._bias = (mx.concatenate(rows), mx.concatenate(cols), mx.concatenate(values))
             self._bias_of = of
         return self._bias
+
+
+# Repetition, presence and frequency penalties over a whole batch, kind by kind.
+#
+# mlx-lm's GenerationBatch applies each row's processors to its one-row slice, then concatenates
+# the rows. Each penalty only reads and writes the logits of the row's last `context` tokens, so
+# gathering every row's (row, token) pairs of one kind and running the penalty's ops on them once
+# does the same ops to the same logits, in the same order per logit (bias, repetition, presence,
+# frequency, as make_logits_processors orders them): the same bits
+# (tests/engine/test_batch_penalties.py).
+
+KINDS = ("repetition", "presence", "frequency")
+
+
+def apply_penalties(
+    logits: mx.array, penalties: list[list[Penalty]], contexts: dict[int, mx.array]
+) -> mx.array:
+    """`penalties[e]`: row e's penalties; `contexts[e]`: its token history including the token
+    this step feeds (mlx-lm's TokenBuffer.update_and_fetch)."""
+    for kind in KINDS:
+        items = [(e, p) for e, ps in enumerate(penalties) for p in ps if p.kind == kind]
+        if not items:
+            continue
+        windows = [contexts[e][-p.context :] for e, p in items]  # mlx-lm's tokens[-context:]
+        sizes = [w.shape[0] for w in windows]
+        rows = mx.array([e for (e, _), n in zip(items, sizes, strict=True) for _ in range(n)])
+        cols = windows[0] if len(windows) == 1 else mx.concatenate(windows)
+        values = [p.penalty for (_, p), n in zip(items, sizes, strict=True) for _ in range(n)]
+        logits = _apply(kind, logits, rows, cols, mx.array(values, dtype=logits.dtype))
+    return logits
+
+
+def _apply(kind: str, logits: mx.array, rows: Any, cols: Any, p: mx.array) -> mx.array:
+    """The ops of mlx-lm's make_*_penalty processors, on (row, token) pairs."""
+    if kind == "repetition":
+        selected = logits[rows, cols]
+        logits[rows, cols] = mx.where(selected < 0, selected * p, selected / p)
+    elif kind == "presence":
+        logits[rows, cols] = logits[rows, cols] - p
+    else:
+        logits = logits.at[rows, cols].subtract(p)
+    return logits

@@ -1,4 +1,5 @@
-"""Batched prefill that keeps MLX's buffer cache: mlx-lm's PromptProcessingBatch.prompt, step for
+"""Batched prefill: how many joiners prefill together (a wave), and a prompt batch that keeps
+MLX's buffer cache: mlx-lm's PromptProcessingBatch.prompt, step for
 step, without its `mx.clear_cache()` after every chunk and after the padded rows' roll.
 
 On CUDA a clear hands every cached buffer back to the driver: 0.13-0.14 s per call for 32 rows
@@ -16,29 +17,18 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch, _right_pad_prompts
 
-from . import trace_parts as parts
+from . import instrument as parts
 
 
-class SharingPromptBatch(PromptProcessingBatch):
-    """mlx-lm's prompt processing; a wave moving to decoding holds its rows' shared prefix once
-    when its model carries `prefix_sharing` (engine/shared_rows.py, opt-in)."""
+class KeptBuffersPromptBatch(PromptProcessingBatch):
+    """mlx-lm's prompt processing without the buffer-cache clears (same arrays)."""
 
     def generate(self, tokens: list[list[int]]) -> Any:
-        sharing = getattr(self.model, "prefix_sharing", None)
-        if sharing is not None:
-            if any(len(t) > 1 for t in tokens):  # mlx-lm's generate prompts these first
-                self.prompt([t[:-1] for t in tokens])
-                tokens = [t[-1:] for t in tokens]
-            self.prompt_cache = sharing.share(self.prompt_cache, self.tokens)
         tic = parts.start()
         out = super().generate(tokens)
         if tic is not None:  # traced: mlx-lm 0.32's GenerationBatch holds the first tokens
             parts.stop("first_step", tic, getattr(out, "_next_tokens", None))
         return out
-
-
-class KeptBuffersPromptBatch(SharingPromptBatch):
-    """mlx-lm's prompt processing without the buffer-cache clears (same arrays)."""
 
     def prompt(self, tokens: list[list[int]]) -> None:
         if len(self.uids) != len(tokens):
@@ -96,10 +86,10 @@ class KeptBuffersPromptBatch(SharingPromptBatch):
         mx.eval([c.state for c in self.prompt_cache])
 
 
-def keep_buffers(gen: Any, kind: type = KeptBuffersPromptBatch) -> None:
+def keep_buffers(gen: Any) -> None:
     """Give a fresh BatchGenerator this prompt batch (its split and copy keep the class)."""
     old = gen._prompt_batch
-    gen._prompt_batch = kind.empty(
+    gen._prompt_batch = KeptBuffersPromptBatch.empty(
         old.model, old.fallback_sampler, prefill_step_size=old.prefill_step_size
     )
 
@@ -110,3 +100,55 @@ def clears_cache(mode: str) -> bool:
     if mode == "auto":
         return not mx.cuda.is_available()
     return mode == "on"
+
+
+# How many joiners prefill together. mlx-lm takes a fixed count (`prefill_batch_size`,
+# mlx_lm.server's `--prompt-concurrency`, 8); with a token budget, more rows join the wave while
+# rows x the longest next chunk (padding counted) stays within it.
+#
+# Agents that come back together with short new turns then prefill in one wave instead of one per
+# 8 rows: each wave costs a join (merge, padded prefill, roll, first step) however few tokens it
+# carries. Rows prefilled together get BatchGenerator's bits at that composition.
+#
+# A wave about to move to decoding whole moves before new rows join the prompt batch: joining
+# first makes the move mlx-lm's partial split, a deep copy and a gather of every row's cache.
+
+
+def wave_rows(gen: Any, floor: int, budget: int) -> int:
+    """Rows BatchGenerator's prompt batch may hold this step: `floor` (mlx-lm's count), or more
+    while rows x the longest next chunk stays within `budget` tokens. Reads mlx-lm 0.32's queue
+    (`_currently_processing`: [segments, done, total]; `_unprocessed_sequences`: segments at 1)."""
+    step = gen.prefill_step_size
+    chunks = [min(len(seq[0][0]), step) for seq in gen._currently_processing if seq[0]]
+    rows, longest = len(gen._currently_processing), max(chunks, default=0)
+    for seq in gen._unprocessed_sequences:
+        n = min(len(seq[1][0]), step)
+        if (rows + 1) * max(longest, n) > budget:
+            break
+        rows, longest = rows + 1, max(longest, n)
+    return max(floor, rows)
+
+
+def moving_whole(gen: Any) -> bool:
+    """Every row BatchGenerator is prefilling has only its last token left, so this step moves
+    the whole prompt batch to decoding as it is (prefill.py's split), unless rows join it
+    first. mlx-lm 0.32's `_currently_processing` entries are [segments, done, total]."""
+    rows = gen._currently_processing
+    return bool(rows) and all(len(s[0]) == 1 and len(s[0][0]) == 1 for s in rows)
+
+
+def wave_size(gen: Any, floor: int, budget: int | None) -> int:
+    """BatchGenerator's `prefill_batch_size` for this step: the prompt batch's own rows while it
+    moves whole (joiners wait one step: 0.08-0.09 s of a 32-row 0.6B join on the H200 went to
+    the partial split, once 4 s), else `wave_rows` under a budget, else mlx-lm's count."""
+    if moving_whole(gen):
+        return len(gen._currently_processing)
+    return floor if budget is None else wave_rows(gen, floor, budget)
+
+
+def wave_budget(tokens: int, concurrency: int, step: int) -> int | None:
+    """`--prefill-batch-tokens`: 0 off (None), -1 auto (mlx-lm's worst case for a wave,
+    `concurrency` rows of a full `step` chunk, so peak prefill memory stays where it was)."""
+    if tokens == 0:
+        return None
+    return concurrency * step if tokens < 0 else tokens
