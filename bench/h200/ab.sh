@@ -19,7 +19,7 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
       --batch "${BATCH:-32}" --mlxd-args "$extra" --only mlxd --json "$OUT/ab-$run.json" \
       2>&1 | grep -E "^\| [0-9]|round" | tee -a "$OUT/ab.txt"
     { python3 -m bench.probes.trace_report "$OUT/trace-$run.jsonl" \
-      | grep -E "rows:|shared prefix|'batched'" || true; } | tee -a "$OUT/ab.txt"
+      | grep -E "rows:|'batched'" || true; } | tee -a "$OUT/ab.txt"
     python3 bench/h200/failed_rounds.py "$OUT/ab-$run.json" | tee -a "$OUT/ab.txt"
     i=$((i + 1))
   done

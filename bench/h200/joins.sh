@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # joins.sh SHAPE AGENTS "MLXD_ARGS": where a fleet's joins go. mlxd alone, ROUNDS (default 3)
 # rounds in one server with MLXD_TRACE; trace_report's join lines with their parts (merge,
-# forward, roll, first step, snapshots, padded shape: engine/trace_parts.py), then probe_join at
+# forward, roll, first step, snapshots, padded shape: engine/instrument.py), then probe_join at
 # the fleet's turn-1 shape with the plain model and the mode's (PROBE_NEW, default 55).
 set -euo pipefail
 source bench/h200/setup.sh

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # stepgap.sh [SHAPE] ["MLXD ARGS"]: the batched step alone (probe_ops, 32 rows x 4k keys, the
 # fleet's attention mode and graph setting) beside the same step inside the 32-agent fleet (mlxd
-# alone under MLXD_TRACE: trace_report's 32-row median), two passes on one machine. Sessions
-# 18-21 saw the fleet's step at ~12.6-13 ms where the probe's whole step took ~9.6-10 ms, on
+# alone under MLXD_TRACE: trace_report's 32-row median), two passes on one machine. Measured
+# apart, the fleet's step took ~12.6-13 ms where the probe's whole step took ~9.6-10 ms, on
 # different machines or runs; this puts both in one call. PASSES=1 runs one pass.
 set -uo pipefail
 source bench/h200/setup.sh || exit 1

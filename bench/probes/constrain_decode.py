@@ -22,7 +22,7 @@ from mlxd.bench import concurrent
 from mlxd.bench.models import build_random, random_prompts
 from mlxd.constrain import Constraint, compiler_for
 from mlxd.constrain.processor import GrammarLogitsProcessor
-from mlxd.engine.batch_logits import LogitBias
+from mlxd.engine.decode_step import LogitBias
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 

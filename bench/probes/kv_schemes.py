@@ -20,8 +20,8 @@ import mlx.core as mx
 
 from mlxd.bench import concurrent
 from mlxd.bench.models import build_random, random_prompts
+from mlxd.engine.admission import KVCost
 from mlxd.engine.engine import Engine
-from mlxd.engine.kv_budget import KVCost
 from mlxd.kv import mixed
 
 

@@ -6,8 +6,8 @@ the ones it was paced at, show what the event loop's GIL time costs the engine.
 `work`: the build is a fixed amount of Python work (as long as `gil_s` alone), so the loop's
 frames stretch it as they stretch a real build, the device part is a fixed `step_s - gil_s`,
 and `rest_s` of Python work follows the tokens (the engine's turn before its next build);
-`phases`: `--switch-interval engine`'s intervals and, unless MLXD_HELD_WAKE=0, its held
-wake-up (engine/gil.py): the readers woken as the next step is queued."""
+`phases`: `--switch-interval engine`'s intervals and its held
+wake-up (engine/overlap.py): the readers woken as the next step is queued."""
 
 import threading
 import time
@@ -15,9 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxd.engine.gil import StepPhases
-from mlxd.engine.handle import RequestHandle, Watchers, wake
-from mlxd.engine.request import DoneEvent, GenerationRequest, TokenEvent
+from mlxd.engine.overlap import StepPhases
+from mlxd.engine.request import (
+    DoneEvent,
+    GenerationRequest,
+    RequestHandle,
+    TokenEvent,
+    Watchers,
+    wake,
+)
 
 
 @dataclass
@@ -119,7 +125,7 @@ class PacedEngine:
             self.phases.waiting()  # the step is queued: held readers woken
 
     def _wake(self, watchers: Watchers, more: bool) -> None:
-        if self.phases is not None and self.phases.hold_wakes and more:
+        if self.phases is not None and more:
             self.phases.held.hold(watchers)
         else:
             if self.phases is not None:

@@ -29,7 +29,8 @@ def _serve_child(a: argparse.Namespace) -> None:
 
     from bench.probes.paced_engine import PacedEngine
     from mlxd.cli import build_parser
-    from mlxd.engine.gil import step_phases
+    from mlxd.config import ServeConfig
+    from mlxd.engine.overlap import step_phases
     from mlxd.serve.app import build_app
     from mlxd.serve.main import make_state
 
@@ -37,7 +38,7 @@ def _serve_child(a: argparse.Namespace) -> None:
         sys.setswitchinterval(a.switch_interval)
     phases = step_phases("engine") if a.engine_phases else None
     args = build_parser().parse_args(["serve", "--model", a.model, "--port", str(a.port)])
-    state = make_state(args)
+    state = make_state(ServeConfig.from_args(args))
     served = state.provider.default
     tok = served.tokenizer
     ids = tok.encode(" the quick brown fox jumps over a lazy dog and runs far away")
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--engine-phases",
         action="store_true",
-        help="--switch-interval engine's intervals and held wake-up (MLXD_HELD_WAKE=0: none)",
+        help="--switch-interval engine's intervals and held wake-up",
     )
     p.add_argument("--serve-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)

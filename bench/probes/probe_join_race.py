@@ -19,11 +19,11 @@ from typing import Any
 import mlx.core as mx
 
 from mlxd.bench.models import build_random
-from mlxd.engine import batch, turns
-from mlxd.engine.batch_row import BatchConfig
+from mlxd.config import THREAD_ROWS, EngineConfig
+from mlxd.engine import batch
+from mlxd.engine import rows as engine_rows
 from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
-from mlxd.engine.step_order import THREAD_ROWS
 from mlxd.model.folded_attention import MODES, is_fused
 from mlxd.model.fused_projections import stack_in_place
 
@@ -31,7 +31,7 @@ RACES = [0]  # steps handed to the encoder with a prefill after them in the same
 
 
 def _count(unsettled: bool, rows: int) -> Callable[[], None]:
-    """Count the steps at risk; `unsettled`: the pre-session-48 engine (no wait after the
+    """Count the steps at risk; `unsettled`: the engine that crashed (no wait after the
     hand-over, a turn 'decode only' while a prompt batch still has chunks). Returns the undo."""
     real = batch.evaluates_after_step
 
@@ -41,11 +41,11 @@ def _count(unsettled: bool, rows: int) -> Callable[[], None]:
         return at_risk and not unsettled
 
     def undo() -> None:
-        batch.evaluates_after_step = turns.evaluates_after_step = real
+        batch.evaluates_after_step = engine_rows.evaluates_after_step = real
 
     batch.evaluates_after_step = after  # type: ignore[assignment]
     if unsettled:
-        turns.evaluates_after_step = lambda gen: bool(gen._unprocessed_sequences)  # type: ignore
+        engine_rows.evaluates_after_step = lambda gen: bool(gen._unprocessed_sequences)  # type: ignore
     return undo
 
 
@@ -74,11 +74,11 @@ def _run(a: argparse.Namespace, mode: str) -> None:
     if is_fused(a.attention):
         stack_in_place(bm.model)
     rows = a.running + a.joining
-    config = BatchConfig(
+    config = EngineConfig(
         rows, 8, a.step_size, attention=a.attention, clear_cache=False,
         step_order="thread", thread_rows=THREAD_ROWS,
     )  # fmt: skip
-    engine = Engine(bm.model, batch=rows, batch_config=config)
+    engine = Engine(bm.model, config)
     rng = random.Random(0)
     try:
         for c in range(a.cycles):

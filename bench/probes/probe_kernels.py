@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from mlxd.engine.kernel_profile import Kernel, kernels, summarize
-from mlxd.engine.step_clock import StepClock
+from mlxd.engine.kernel_window import StepClock
 
 
 def sequence(ks: list[Kernel], steps: int, first: int = 48) -> list[str]:
@@ -33,7 +33,7 @@ def sequence(ks: list[Kernel], steps: int, first: int = 48) -> list[str]:
 def profile(
     step: Any, steps: int, order: str = "pipelined"
 ) -> tuple[list[Kernel], float, StepClock]:
-    """`steps` steps in `order` (engine/step_order.py: pipelined, each built and queued before
+    """`steps` steps in `order` (engine/overlap.py: pipelined, each built and queued before
     the last one's result is read; wait, built, the last one read, then queued; split, its
     first layers queued before that read), under torch.profiler; the kernels, the host's wall
     ms a step, and the host's parts of a step as the engine's window times them."""
@@ -51,7 +51,7 @@ def _run(step: Any, steps: int, clock: StepClock, order: str, enc: Any = None) -
     """The steps in `order` (with `enc`, the thread order's encoder); the ms a step."""
     import mlx.core as mx
 
-    from mlxd.engine.step_order import first_layers, split_fraction
+    from mlxd.engine.overlap import FIRST_LAYERS, first_layers
 
     t0 = time.perf_counter()
     prev = step()
@@ -60,7 +60,7 @@ def _run(step: Any, steps: int, clock: StepClock, order: str, enc: Any = None) -
         clock.start()
         out = step()
         clock.mark("build")
-        first = first_layers(step.cache, split_fraction()) if order in ("split", "thread") else []
+        first = first_layers(step.cache, FIRST_LAYERS) if order in ("split", "thread") else []
         if enc is not None:  # its first layers, the last tokens read, then the rest
             enc.step([prev[1]], prev[1], [out], first)
             clock.mark("wait")
@@ -84,11 +84,11 @@ def _run(step: Any, steps: int, clock: StepClock, order: str, enc: Any = None) -
 
 
 def _threaded(step: Any, steps: int, clock: StepClock) -> float:
-    """The thread order (engine/encoder.py): each step built here on the encoder's stream, the
+    """The thread order (engine/overlap.py): each step built here on the encoder's stream, the
     last one's tokens read and this one queued on the encoder's thread; the ms a step."""
     import mlx.core as mx
 
-    from mlxd.engine.encoder import StepEncoder, stream
+    from mlxd.engine.overlap import StepEncoder, stream
 
     enc = StepEncoder()
     try:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         default=["pipelined"],
         help="step orders to profile in turn (wait: the last step read before the next is "
         "queued; split: its first layers queued before that read; thread: read and queued "
-        "on a thread of its own while the next is built; engine/step_order.py)",
+        "on a thread of its own while the next is built; engine/overlap.py)",
     )  # fmt: skip
     p.add_argument("--repeat", type=int, default=1, help="profile the orders in turn this often")
     p.add_argument(

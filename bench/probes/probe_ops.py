@@ -26,7 +26,7 @@ from bench.probes.common import attention_dims, rows_parser
 from bench.probes.probe_graphs import _caches
 from mlxd.bench.models import build_random
 from mlxd.kv import step_offsets
-from mlxd.model.folded_attention import MODES, for_mode, is_shared, missing
+from mlxd.model.folded_attention import MODES, for_mode
 from mlxd.model.plain_rows import plain_rows
 
 # Primitives that only re-describe their input's memory (no kernel on MLX-CUDA / Metal).
@@ -132,15 +132,13 @@ def main(argv: list[str] | None = None) -> None:
     p = rows_parser(__doc__, "qwen3-0.6b", [32])
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--steps", type=int, default=20)
-    here = [m for m in MODES if missing(m) is None and not is_shared(m)]  # +shared: batch needed
+    here = list(MODES)
     p.add_argument(
         "--modes", nargs="+", type=_mode, default=here, metavar="MODE[@PARTS]",
         help=f"{', '.join(MODES)}; a +gemv mode may name its parts after @ (MLXD_GEMV_PARTS, "
         "e.g. folded+fused+gemv@qkv,o,gate_up,down,qk), so part sets alternate in one process; "
         f"a mode may end in {THREE_D} (mlx-lm's 3-D step, before model/rows_step.py and, for "
-        "mlx, model/plain_rows.py) "
-        f"and/or {CONTIGUOUS} (the folded mask's condition and fill laid out whole: "
-        f"MLXD_MASK_LAYOUT=contiguous) and/or {PER_LAYER} (an offset add in every layer, as "
+        f"mlx, model/plain_rows.py) and/or {PER_LAYER} (an offset add in every layer, as "
         "mlx-lm's step leaves)",
     )  # fmt: skip
     p.add_argument(
@@ -175,21 +173,17 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # --modes suffixes: the step with mlx-lm's offset add in every layer (kv/step_offsets.py off);
-# the 3-D step (model/rows_step.py, or model/plain_rows.py for mlx, off); the folded mask laid
-# out whole (MLXD_MASK_LAYOUT=contiguous, rows_step.StepConstants). Any of them, in this order.
+# the 3-D step (model/rows_step.py, or model/plain_rows.py for mlx, off). Either, in this order.
 PER_LAYER = "/per-layer-offsets"
 THREE_D = "/3d"
-CONTIGUOUS = "/contiguous-mask"
 
 
 def _parse(spec: str) -> tuple[str, str, bool, bool]:
-    """MODE[@PARTS][/3d][/contiguous-mask][/per-layer-offsets] -> (mode, parts, shares
-    offsets, rows step)."""
+    """MODE[@PARTS][/3d][/per-layer-offsets] -> (mode, parts, shares offsets, rows step)."""
     rest = spec.removesuffix(PER_LAYER)
-    steps = rest.removesuffix(CONTIGUOUS)
-    base = steps.removesuffix(THREE_D)
+    base = rest.removesuffix(THREE_D)
     mode, _, parts = base.partition("@")
-    return mode, parts, rest == spec, base == steps
+    return mode, parts, rest == spec, base == rest
 
 
 def _mode(spec: str) -> str:
@@ -203,9 +197,7 @@ def model_for(model: Any, spec: str) -> Any:
     """The model of a --modes entry: MODE, or a +gemv MODE@PARTS built with those parts, with
     THREE_D its 3-D step (PER_LAYER changes the step, not the model: `step_fn`'s share)."""
     mode, parts, _, rows = _parse(spec)
-    layout = "contiguous" if spec.removesuffix(PER_LAYER).endswith(CONTIGUOUS) else "broadcast"
-    with _env("MLXD_MASK_LAYOUT", layout):  # read once, when the shadow model is built
-        return _with_parts(model, mode, parts, rows)
+    return _with_parts(model, mode, parts, rows)
 
 
 def _shares(spec: str) -> bool:

@@ -26,7 +26,7 @@ from mlx_lm.generate import stream_generate
 from bench.probes.common import stream_parser
 from mlxd.bench.models import SHAPES, build_random
 from mlxd.engine import stream_generate as mlxd_stream_generate
-from mlxd.engine.registry import engine_for
+from mlxd.engine.api import engine_for
 from mlxd.engine.serial import SerialRow
 
 

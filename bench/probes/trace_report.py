@@ -1,4 +1,4 @@
-"""Read an engine trace (MLXD_TRACE, engine/trace.py): the turns where rows joined or the loop
+"""Read an engine trace (MLXD_TRACE, engine/instrument.py): the turns where rows joined or the loop
 stalled, the decode step's median per batch size (mlx-lm's step, and the loop's whole turn
 around it), what rows leaving cost, and when a join's requests reached the server and the
 engine before its turn (traces written before arrival times were recorded show none).
@@ -77,8 +77,7 @@ def line(x: dict[str, Any]) -> str:
     phases = " ".join(f"{p} {x[p]:.3f}" for p in PHASES if p in x)
     gen = " ".join(
         f"[rows {g['rows']}: prompt {g['prompt_tokens']} in {g['prompt_s']:.3f}, "
-        f"decode {g['decode_steps']} in {g['decode_s']:.3f}"
-        + (f", prefix {g['shared']} held once]" if g.get("shared") else "]")
+        f"decode {g['decode_steps']} in {g['decode_s']:.3f}]"
         for g in x.get("gen", [])
     )
     paths = f" {x['paths']}" if x.get("paths") else ""
@@ -111,9 +110,6 @@ def report(turns: list[dict[str, Any]], stall: float) -> list[str]:
         lines.append(f"  {rows:3d} rows: {1e3 * statistics.median(s):7.2f} ms ({len(s)}){cycle}")
     if summary := leaves(turns):
         lines.append(summary)
-    shared = sum(1 for x in turns for g in x.get("gen", []) if g.get("shared"))
-    if shared:
-        lines.append(f"batch turns over a shared prefix held once: {shared}")
     return lines
 
 

@@ -16,10 +16,10 @@ import mlx.core as mx
 from mlx_lm.generate import stream_generate as mlx_lm_stream_generate
 from tqdm import tqdm
 
+from ..config import EngineConfig
 from ..engine import stream_generate as mlxd_stream_generate
-from ..engine.batch import BatchConfig
+from ..engine.api import engine_for
 from ..engine.engine import Engine
-from ..engine.registry import engine_for
 from . import concurrent
 from .models import BenchModel, build_random, load_ref, random_prompts
 from .report import (
@@ -132,10 +132,10 @@ def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:
     attention = getattr(args, "batched_attention", "mlx")
     decode_step = getattr(args, "decode_step", "rows")
     rows, fused = decode_step != "mlx", decode_step == "rows+fused"
-    config = BatchConfig(
+    config = EngineConfig(
         n, min(n, 8), step, attention=attention, decode_rows=rows, decode_fused=fused
     )
-    engine = Engine(bm.model, batch=n, prefill_step_size=step, batch_config=config)
+    engine = Engine(bm.model, config)
     # The highest K ids (never EOS of a real vocab's low ids), banned on every stream.
     k = getattr(args, "ban_tokens", 0)
     bias = {bm.vocab_size - 1 - i: -100.0 for i in range(k)} or None

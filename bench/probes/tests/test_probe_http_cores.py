@@ -1,4 +1,4 @@
-"""The two session-19 probes end to end on the CPU: probe_http (mlxd's real server on a paced
+"""Two host-side probes end to end on the CPU: probe_http (mlxd's real server on a paced
 stand-in engine, raw-socket streams) and probe_cores (the step timed on each CPU in turn)."""
 
 import json
@@ -23,33 +23,31 @@ def test_probe_http_streams_every_frame_and_reports_the_engines_steps(
 
 
 def test_probe_http_work_mode_with_the_engines_phases_and_held_wake(
-    tiny_model: Callable[..., Path], capsys, monkeypatch
+    tiny_model: Callable[..., Path], capsys
 ) -> None:
     """--work --engine-phases --rest-ms: every frame still arrives with the readers' wake-ups
-    held to the next step (and with MLXD_HELD_WAKE=0), and each build is timed."""
+    held to the next step, and each build is timed."""
     argv = ["--model", str(tiny_model("qwen3")), "--streams", "3", "--tokens", "12"]
     argv += ["--step-ms", "20", "--gil-ms", "2", "--work", "--engine-phases", "--rest-ms", "1"]
-    for held in ("1", "0"):
-        monkeypatch.setenv("MLXD_HELD_WAKE", held)
-        probe_http.main(argv)
-        out = json.loads(capsys.readouterr().out)
-        assert out["frames"] == 3 * (1 + 12 + 1)
-        # the device part is fixed (18 ms) and the build as long as 2 ms alone, or longer
-        assert 2 <= out["build_p50_ms"] < 20 and out["step_mean_ms"] >= 20
+    probe_http.main(argv)
+    out = json.loads(capsys.readouterr().out)
+    assert out["frames"] == 3 * (1 + 12 + 1)
+    # the device part is fixed (18 ms) and the build as long as 2 ms alone, or longer
+    assert 2 <= out["build_p50_ms"] < 20 and out["step_mean_ms"] >= 20
 
 
 def test_paced_engine_holds_the_wake_until_its_next_build(monkeypatch) -> None:
     """The paced engine's readers are woken inside its next build's queue point (waiting()),
     the last step's at once."""
     from bench.probes import paced_engine
-    from mlxd.engine import gil
-    from mlxd.engine.gil import StepPhases
+    from mlxd.engine import overlap
+    from mlxd.engine.overlap import StepPhases
     from mlxd.engine.request import GenerationRequest
 
     phase = ["idle"]
     seen: list[str] = []
-    real = gil.wake
-    monkeypatch.setattr(gil, "wake", lambda w: (seen.append(phase[0]), real(w)))
+    real = overlap.wake
+    monkeypatch.setattr(overlap, "wake", lambda w: (seen.append(phase[0]), real(w)))
     monkeypatch.setattr(paced_engine, "wake", lambda w: (seen.append("at once"), real(w)))
     build = paced_engine.PacedEngine._build
 

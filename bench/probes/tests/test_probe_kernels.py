@@ -2,7 +2,7 @@
 
 from bench.probes.probe_kernels import sequence
 from mlxd.engine.kernel_profile import Kernel, busy, family, kernels, summarize
-from mlxd.engine.step_clock import StepClock
+from mlxd.engine.kernel_window import StepClock
 
 
 def _trace() -> dict:
@@ -161,7 +161,7 @@ def test_big_copies_are_placed_in_step_long_spans() -> None:
 
 
 def test_the_thread_order_steps_the_probe_on_the_encoders_thread() -> None:
-    """probe_kernels' thread order (engine/encoder.py) runs the probe's own steps: the same
+    """probe_kernels' thread order (engine/overlap.py) runs the probe's own steps: the same
     logprobs, step by step, as the steps evaluated in turn here, and the host's parts timed."""
     import mlx.core as mx
 

@@ -221,19 +221,6 @@ def test_probe_ops_suffixes_pick_the_3d_step_and_per_layer_offsets() -> None:
     assert probe_ops.model_for(model, "mlx/3d") is model
     with pytest.raises(ValueError):
         probe_ops._mode("folded+fused/per-layer-offsets/3d")  # the suffixes' order is fixed
-    # the mask laid out whole: the rows step still, its constants told so, the env left as it was
-    assert probe_ops._parse("folded/3d/contiguous-mask/per-layer-offsets") == (
-        "folded", "", False, False
-    )  # fmt: skip
-    assert probe_ops._parse("folded+fused/contiguous-mask") == ("folded+fused", "", True, True)
-    whole = probe_ops.model_for(model, "folded+fused/contiguous-mask").model.layers[0]
-    assert isinstance(whole, RowsStep) and whole.self_attn.constants.contiguous
-    assert (
-        not probe_ops.model_for(model, "folded+fused")
-        .model.layers[0]
-        .self_attn.constants.contiguous
-    )
-    assert "MLXD_MASK_LAYOUT" not in os.environ
 
 
 def test_primitives_counts_each_op_once() -> None:
@@ -293,8 +280,9 @@ def test_probe_join_race_counts_the_steps_at_risk_and_puts_the_engine_back(
     """Joiners prefilled in chunks while the encoder's floor of rows steps on it: a line per
     cycle with the steps at risk (a step handed to the encoder with a prefill after it), and the
     engine's own rule restored after the run, whichever way it ran."""
-    from mlxd.engine import batch, turns
-    from mlxd.engine.step_order import THREAD_ROWS
+    from mlxd.config import THREAD_ROWS
+    from mlxd.engine import batch
+    from mlxd.engine import rows as engine_rows
 
     real = batch.evaluates_after_step
     args = ["--shape", "qwen3-host", "--cycles", "2", "--running", str(THREAD_ROWS)]
@@ -306,4 +294,4 @@ def test_probe_join_race_counts_the_steps_at_risk_and_puts_the_engine_back(
     risks = [int(m.group(1)) for x in lines if (m := re.search(r"steps at risk (\d+)", x))]
     assert [x.split(":")[0] for x in lines] == [f"{mode} cycle 0", f"{mode} cycle 1", mode]
     assert 0 < risks[0] < risks[1]  # counted in each cycle
-    assert batch.evaluates_after_step is real and turns.evaluates_after_step is real
+    assert batch.evaluates_after_step is real and engine_rows.evaluates_after_step is real
