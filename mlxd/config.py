@@ -709,6 +709,8 @@ def read_config_file(path: str) -> dict[str, Any]:
                 value = parse(value)
             except (ValueError, KeyError, ArithmeticError, argparse.ArgumentTypeError) as e:
                 raise ConfigError(f"{path}: '{key}' ({_flag(f)}): {e}") from None
+        elif parse is _memory and type(value) is int:  # bytes
+            value = str(value)
         elif value is not None and parse in (_wave_tokens, _switch_interval, _window):
             try:
                 value = parse(value)

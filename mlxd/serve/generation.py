@@ -12,6 +12,7 @@ from mlx_lm.generate import make_text_state_machine
 
 from ..engine import KVBudgetExceeded, Overloaded
 from ..engine.request import RequestHandle
+from .app import ServerState
 from .errors import APIError, bad_request
 from .params import GenParams
 from .prompt import Prompt
@@ -83,7 +84,7 @@ class Generation:
         self._last_at: float | None = None
         self.finish_reasons: list[str] = []
 
-    async def start(self, state: Any) -> None:
+    async def start(self, state: ServerState) -> None:
         """Submit (with the server's `state`: its config and KV scheme); refusals become API
         errors (429 queue full, 400 never fits)."""
 
