@@ -99,8 +99,6 @@ class Trace(NoTrace):
             rec = {"fmt": str(fmt), "rows": len(b), "prompt_tokens": d[0],
                    "prompt_s": round(d[1], 6), "decode_steps": d[2],
                    "decode_s": round(d[3], 6)}  # fmt: skip
-            if shared := held_prefix(b.gen._generation_batch.prompt_cache):
-                rec["shared"] = shared  # the decoding rows' prefix held once (+shared modes)
             self._rec.setdefault("gen", []).append(rec)
         self._before = []
 
@@ -127,12 +125,6 @@ class Trace(NoTrace):
         disable()
         with self._io:
             self._out.close()
-
-
-def held_prefix(caches: list[Any]) -> int:
-    """Tokens of the prefix a decoding batch holds once (kv/shared_prefix.py), else 0."""
-    keys = getattr(caches[0], "prefix_keys", None) if caches else None
-    return 0 if keys is None else keys.shape[2]
 
 
 def _counters(batch: Any) -> Counters:

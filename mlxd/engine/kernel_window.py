@@ -1,11 +1,11 @@
 """MLXD_KERNELS=FILE: each kernel's GPU time over a window of the running engine's turns, for
-device runs (MLX-CUDA with PyTorch's CUPTI-backed profiler in the process, as probe_kernels).
+device runs (MLX-CUDA with PyTorch's CUPTI-backed profiler in the process).
 
 MLXD_KERNELS_AT="ROWS START TURNS" (default "32 60 40"): the window opens at the START-th turn
 with at least ROWS rows running and closes TURNS such turns later (or at the first turn with
-fewer rows). FILE then gets probe_kernels' summary per turn (wall, GPU busy, kernels, families,
+fewer rows). FILE then gets kernel_profile's summary per turn (wall, GPU busy, kernels, families,
 the donation race's whole-layer copies), and the host's wall time a turn. One window a process.
-It answers what probe_kernels alone cannot: whether a fleet's step, slower than the same step
+It answers what a probe of the step alone cannot: whether a fleet's step, slower than the same step
 alone, spends the difference on the GPU (copies) or waiting for the host (the GIL, the HTTP
 side). docs/performance.md §1. Unset: `NoWindow`, whose `turn` does nothing.
 """
@@ -97,7 +97,7 @@ class KernelWindow(NoWindow):
         import json
         import tempfile
 
-        # The trace reading is probe_kernels' (a bench tool; imported only when a window closes).
+        # The trace reading, imported only when a window closes.
         from .kernel_profile import kernels, summarize
 
         with tempfile.TemporaryDirectory() as tmp:
