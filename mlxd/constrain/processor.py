@@ -45,7 +45,7 @@ class GrammarLogitsProcessor:
         return twin
 
     def advance(self, token: int) -> None:
-        """The batched step's path (engine/batch_logits.py): one sampled token fed, the history
+        """The batched step's path (engine/decode_step.py): one sampled token fed, the history
         one longer, as the next call here would have seen it."""
         self._seen = (self._seen or 0) + 1
         if not self.matcher.accept(token):

@@ -11,8 +11,8 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxd.engine.admission import KVBudgetExceeded
 from mlxd.engine.engine import Engine
-from mlxd.engine.kv_budget import KVBudgetExceeded
 from mlxd.engine.request import GenerationRequest
 
 N = 256  # one allocation step of mlx-lm's caches: no slack in the measured bytes
@@ -75,16 +75,16 @@ def test_admission_runs_more_4_bit_rows_at_once_than_unquantized(
     """One admission round under one budget: rows quantized from the prompt fit as many more at
     once as the measured bytes per token say (this fp32 model: 32 bits an element against 4 +
     2 x 32 / 64); rows quantized from token 1024 on cost their unquantized start."""
+    from mlxd.config import EngineConfig
     from mlxd.engine.admission import Admission
-    from mlxd.engine.batch import BatchConfig
-    from mlxd.engine.handle import RequestHandle
+    from mlxd.engine.request import RequestHandle
 
     model, _ = load(str(tiny_model("qwen3")))
     total = 8 * N  # tokens of context per row
     budget = int(_measured(model, None, 64) * 4 * total)  # 4 unquantized rows
 
     def admitted(**kv) -> int:
-        adm = Admission(64, 64, budget, model, BatchConfig(64, 8, 2048))
+        adm = Admission(64, 64, budget, model, EngineConfig(64, 8, 2048))
         rows = [
             GenerationRequest(prompt=mx.arange(16), max_tokens=total - 16, **kv) for _ in range(40)
         ]

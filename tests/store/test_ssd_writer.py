@@ -19,7 +19,7 @@ from store.helpers import (
     write,
 )
 
-from mlxd.engine.threads import run_on_worker
+from mlxd.engine.overlap import run_on_worker
 from mlxd.store import ssd_format
 from mlxd.store.ssd import SSDTier
 
