@@ -37,7 +37,9 @@ class EngineConfig:
     completion_batch_size: int | None = field(
         default=None, metadata={"help": "BatchGenerator's decode batch; None: batch"}
     )
-    max_queue: int = field(default=1024, metadata={"help": "requests waiting before 503"})
+    max_queue: int = field(
+        default=1024, metadata={"help": "requests waiting before Overloaded (429)"}
+    )
     kv_budget: int | None = field(
         default=None, metadata={"help": "bytes of KV cache the rows may hold; None: no cap"}
     )

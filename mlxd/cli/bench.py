@@ -6,7 +6,7 @@ import sys
 
 from ..bench.models import SHAPES
 from .bench_serve import add_serve_parser, agents, run_serve_cmd
-from .serve_engine import add_step_size_and_attention
+from .serve import add_step_size_and_attention
 
 DTYPES = ("bfloat16", "float16", "float32")
 
