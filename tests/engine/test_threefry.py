@@ -4,8 +4,7 @@ import random
 
 import mlx.core as mx
 
-from mlxd.engine import rng
-from mlxd.engine.rng import current_key, set_key
+from mlxd.engine.rng import current_key, set_key, split
 
 
 def test_split_equals_mlx_on_random_keys() -> None:
@@ -14,7 +13,7 @@ def test_split_equals_mlx_on_random_keys() -> None:
     keys += [(rng.getrandbits(32), rng.getrandbits(32)) for _ in range(200)]
     for key in keys:
         first, second = mx.random.split(mx.array(list(key), dtype=mx.uint32)).tolist()
-        assert rng.split(key) == (tuple(first), tuple(second))
+        assert split(key) == (tuple(first), tuple(second))
 
 
 def test_a_chain_of_splits_follows_mlxs_key_sequence() -> None:
@@ -22,7 +21,7 @@ def test_a_chain_of_splits_follows_mlxs_key_sequence() -> None:
     drawn = [mx.random.uniform(shape=(1,)) for _ in range(5)]  # each draw splits the key
     state, mine = (3, 9), []
     for _ in range(5):
-        state, k = rng.split(state)
+        state, k = split(state)
         mine.append(mx.random.uniform(shape=(1,), key=mx.array(list(k), dtype=mx.uint32)))
     assert current_key() == state
     assert all(mx.array_equal(a, b).item() for a, b in zip(drawn, mine, strict=True))
