@@ -10,26 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.tiny_models import ARCHS, DEFAULT_SEED
+from fixtures import model_fixtures
+from fixtures.tiny_models import ARCHS
 
-
-@pytest.fixture(scope="session")
-def qwen3_tokenizer_dir() -> Path:
-    """A folder holding the real Qwen3 tokenizer.json and tokenizer_config.json."""
-    from fixtures.fetch import qwen3_tokenizer_dir as fetch
-
-    return fetch()
-
-
-@pytest.fixture(scope="session")
-def tiny_model(qwen3_tokenizer_dir: Path) -> Callable[..., Path]:
-    """`tiny_model(arch, seed=0)`: the mlx-lm model folder of a tiny random `arch` model."""
-    from fixtures.tiny_models import tiny_model_dir
-
-    def get(arch: str, seed: int = DEFAULT_SEED) -> Path:
-        return tiny_model_dir(arch, qwen3_tokenizer_dir, seed)
-
-    return get
+# The tokenizer and tiny-model fixtures, shared with bench/probes/tests.
+qwen3_tokenizer_dir = model_fixtures.qwen3_tokenizer_dir
+tiny_model = model_fixtures.tiny_model
 
 
 @pytest.fixture(scope="session", params=ARCHS, ids=ARCHS)

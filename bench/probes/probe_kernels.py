@@ -34,9 +34,9 @@ def profile(
     step: Any, steps: int, order: str = "pipelined"
 ) -> tuple[list[Kernel], float, StepClock]:
     """`steps` steps in `order` (engine/overlap.py: pipelined, each built and queued before
-    the last one's result is read; wait, built, the last one read, then queued; split, its
-    first layers queued before that read), under torch.profiler; the kernels, the host's wall
-    ms a step, and the host's parts of a step as the engine's window times them."""
+    the last one's result is read; thread, read and queued on a thread of its own), under
+    torch.profiler; the kernels, the host's wall ms a step, and the host's parts of a step as
+    the engine's window times them."""
     import torch.profiler as tp
 
     clock = StepClock()
@@ -60,18 +60,12 @@ def _run(step: Any, steps: int, clock: StepClock, order: str, enc: Any = None) -
         clock.start()
         out = step()
         clock.mark("build")
-        first = first_layers(step.cache, FIRST_LAYERS) if order in ("split", "thread") else []
         if enc is not None:  # its first layers, the last tokens read, then the rest
+            first = first_layers(step.cache, FIRST_LAYERS)  # probe_ops' step_fn: its `cache`
             enc.step([prev[1]], prev[1], [out], first)
             clock.mark("wait")
             prev = out
             continue
-        if first:  # probe_ops' step_fn hands its caches over as `cache`
-            mx.async_eval(*first)
-            clock.mark("encode first")
-        if order != "pipelined":
-            prev[1].tolist()
-            clock.mark("wait first")
         mx.async_eval(out)
         clock.mark("encode")
         prev[1].tolist()  # BatchGenerator reads the last step's tokens here
@@ -120,11 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--sequence", type=int, default=0, help="list this many kernels in order")
     p.add_argument(
-        "--orders", nargs="+", choices=["pipelined", "wait", "split", "thread"],
-        default=["pipelined"],
-        help="step orders to profile in turn (wait: the last step read before the next is "
-        "queued; split: its first layers queued before that read; thread: read and queued "
-        "on a thread of its own while the next is built; engine/overlap.py)",
+        "--orders", nargs="+", choices=["pipelined", "thread"], default=["pipelined"],
+        help="step orders to profile in turn (thread: read and queued on a thread of its own "
+        "while the next is built; engine/overlap.py)",
     )  # fmt: skip
     p.add_argument("--repeat", type=int, default=1, help="profile the orders in turn this often")
     p.add_argument(

@@ -119,7 +119,7 @@ def bench_single(bm: BenchModel, args: Any) -> dict[str, Any]:
         return {"order": list(order), **runs}
 
     out = _interleave(pair, args, args.rounds, "single")
-    # The paths mlxd's requests took (a lone stream on the main thread is "driven": drive.py).
+    # The paths mlxd's requests took (a lone stream on the main thread is "driven": driver.py).
     paths = engine_for(bm.model).stats()["paths"]
     return out | {"summary": summarize(out["rounds"], SINGLE_METRICS), "engine_paths": paths}
 

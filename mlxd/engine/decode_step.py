@@ -6,7 +6,7 @@ token ids, so when it is the only processor in the batch, one scatter over the w
 does the same adds to the same logits: the same bits, a handful of ops instead of ~4 per row.
 A grammar (structured outputs) masks with one `where` over the batch, free rows untouched, and
 its masks are filled on the CPU while the device computes the forward. Repetition, presence and
-frequency penalties run kind by kind over the batch (decode_step.py). Any other processor
+frequency penalties run kind by kind over the batch (`apply_penalties`, below). Any other processor
 (a caller's callable) takes mlx-lm's own step, unchanged. After every step the layers' RoPE
 offsets share one add (kv/step_offsets.py).
 

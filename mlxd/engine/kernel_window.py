@@ -117,12 +117,11 @@ def _cupti() -> Any:
 
 
 # Host time of a batched decode step's parts, summed over steps (MLXD_KERNELS' window): `build`
-# (the graph, in Python), `wait first` (MLXD_STEP_ORDER=wait's read of the last step), `encode`
-# (`mx.async_eval`: MLX encodes, and on CUDA without graphs launches, every kernel), `wait`
-# (reading the last step's tokens: the host waiting for the GPU). A step whose `wait` is near zero
-# is host-bound; the rest of an engine turn is the engine's and mlx-lm's own work. The thread
-# order's encoder (overlap.py) marks its own parts, named `enc ...`, from its thread: they overlap
-# the engine's, so they are not part of the turn's sum.
+# (the graph, in Python), `encode` (`mx.async_eval`: MLX encodes, and on CUDA without graphs
+# launches, every kernel), `wait` (reading the last step's tokens: the host waiting for the GPU).
+# A step whose `wait` is near zero is host-bound; the rest of an engine turn is the engine's and
+# mlx-lm's own work. The thread order's encoder (overlap.py) marks its own parts, named `enc ...`,
+# from its thread: they overlap the engine's, so they are not part of the turn's sum.
 
 OWN = "enc "  # the prefix of the parts another thread marks beside the engine's
 

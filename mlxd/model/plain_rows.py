@@ -176,7 +176,7 @@ def plain_rows(model: nn.Module, fuse: bool = False) -> nn.Module:
         layers.append(_rows_twin(layer, fuse))
     shadow.layers = layers
     # The held transposes are views: evaluated here, on the thread that made them, they launch
-    # nothing, and any thread can step the twin (MLX streams are per thread: engine/drive.py).
+    # nothing, and any thread can step the twin (MLX streams are per thread: engine/driver.py).
     stacks = [
         o for t in layers for o in (getattr(t.self_attn, "qkv", None), vars(t.mlp).get("_gate_up"))
     ]

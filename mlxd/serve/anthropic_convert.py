@@ -11,9 +11,10 @@ and function tools), and the Anthropic fields in the shape of every endpoint's G
 - `thinking: {type: enabled | adaptive | disabled}` becomes the template argument
   `enable_thinking` (true / true / false).
 - A conversation ending with an assistant turn is a prefill: the reply continues that text.
-- What cannot be honoured is refused with a 400 naming it, never silently dropped: images,
-  documents, server tools, and what needs constrained decoding (`tool_choice` `any` / `tool`,
-  `output_config.format`). Fields that change nothing here are accepted and ignored:
+- `tool_choice` `any` / `tool` and `output_config.format` are enforced as the row's grammar
+  (`constrain`). What cannot be honoured is refused with a 400 naming it, never silently
+  dropped: images, documents, server tools. Fields that change nothing here are accepted and
+  ignored:
   `metadata`, `output_config.effort`, `thinking.budget_tokens`, `cache_control`, a tool's
   `strict`, `service_tier` and the like.
 """
@@ -101,7 +102,7 @@ def thinking_args(thinking: Any) -> dict[str, Any]:
     )
 
 
-def refuse_output_format(config: Any) -> None:
+def check_output_config(config: Any) -> None:
     """`output_config`'s shape; `effort` is a hint this server has nothing to map to, so it is
     accepted; `format` (structured outputs) is enforced (`constrain`)."""
     if config is None:
@@ -137,7 +138,7 @@ def constrain(params: GenParams, body: dict[str, Any], tools: list[dict] | None)
 
 def convert_request(body: dict[str, Any], server_template_args: dict[str, Any]) -> Conversation:
     """The template inputs of a `/v1/messages` or `/v1/messages/count_tokens` body."""
-    refuse_output_format(body.get("output_config"))
+    check_output_config(body.get("output_config"))
     messages = convert_messages(body.get("messages"), body.get("system"))
     tools = tool_choice_tools(convert_tools(body.get("tools")), body.get("tool_choice"))
     template_args = {**server_template_args, **thinking_args(body.get("thinking"))}

@@ -1,7 +1,8 @@
 """OpenAI's Responses API: `POST /v1/responses` (plain or streamed), `GET` and `DELETE
 /v1/responses/{id}`. Responses are stored (unless `store: false`) so `previous_response_id`
 continues a conversation, across restarts too. Function tools and tool_choice auto/none are
-honoured; `required`, named tools and non-text formats need constrained decoding: a 400.
+honoured, and a `text.format` (JSON schema or object) is enforced as the row's grammar;
+`required` and named tools are a 400.
 
 Stored responses live in SQLite (`<data_dir>/responses.sqlite3`, WAL): each response's full
 input items (its history included, so a chain of `previous_response_id`s needs one read) and

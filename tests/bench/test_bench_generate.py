@@ -37,7 +37,7 @@ def test_bench_generate_tiny_through_the_cli(tmp_path: Path, capsys) -> None:
             for side in ("mlx_lm", "mlxd"):
                 assert part["summary"][side][key]["min"] <= part["summary"][side][key]["max"]
     assert result["concurrent"]["engine_paths"] == {"batched": 6}  # really batched, not serial
-    # The lone stream on this (main) thread runs its turns here, warm-up included (drive.py).
+    # The lone stream on this (main) thread runs its turns here, warm-up included (driver.py).
     assert result["single"]["engine_paths"] == {"driven": 3, "serial": 3}
     assert result["model"]["name"] == "tiny" and result["env"]["mlx"]
     table = capsys.readouterr().out

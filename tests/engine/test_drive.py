@@ -1,4 +1,4 @@
-"""A lone stream read on the main thread runs the engine's turns there (engine/drive.py).
+"""A lone stream read on the main thread runs the engine's turns there (engine/driver.py).
 
 Which thread runs a turn must change nothing but the thread: the tokens and logprobs are
 compared with mlx-lm's generate_step and with the engine thread's own runs; another request
@@ -186,7 +186,7 @@ def test_closing_the_engine_under_a_driver_ends_its_row(loaded) -> None:
 def test_a_sampled_row_handed_over_keeps_its_key_and_its_bits(loaded, decode_threads) -> None:
     """`batch=1`: a seeded row driven for three tokens, then handed over when a second request
     arrives, ends with exactly mlx-lm's seeded tokens and logprobs: its PRNG key (per thread in
-    MLX) and its lazy arrays moved with it (serial.py `_schedule`, drive.py `_take_back`)."""
+    MLX) and its lazy arrays moved with it (serial.py `_schedule`, driver.py `Driver.take_back`)."""
     from mlx_lm.sample_utils import make_sampler
 
     from mlxd.engine.sampling import SamplingParams

@@ -172,7 +172,7 @@ def _driven(engine: Engine, s: dict) -> tuple[bool, list[int], str]:
 
 def test_random_load_while_the_main_thread_drives(model) -> None:
     """`batch=1`: the main thread reads requests of its own (driven whenever it finds the engine
-    idle, engine/drive.py) before, while and after 100 others arrive from threads. Every one of
+    idle, engine/driver.py) before, while and after 100 others arrive from threads. Every one of
     them equals its solo mlx-lm run, and nothing is left running."""
     rng = random.Random(15)
     specs = [_spec(rng, i) for i in range(N)]

@@ -1,7 +1,8 @@
 """BatchQuantizedKVCache under a real model (tiny random qwen3 / llama): rows merged from their
 solo quantized caches decode, in one batch, the same greedy tokens and logits as each row alone
 on mlx-lm's QuantizedKVCache, padded rows included (CPU: masked columns add exact zeros), and
-after a row leaves (filter). The engine does not route rows here yet (docs/architecture.md)."""
+after a row leaves (filter). The engine batches quantized-KV rows on it (one batch per KV
+format, engine/rows.py)."""
 
 from collections.abc import Callable
 from pathlib import Path

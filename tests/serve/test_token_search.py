@@ -1,7 +1,7 @@
-"""serve/token_search.py against what it replaces: mlx-lm's own reverse search
-(`TokenizerWrapper._find`) and the per-token loop that found where the system prompt's tokens
-leave the prompt's, on random token lists built to hold the sequence at the edges, overlapping
-and not at all."""
+"""The prompt searches in serve/prompt.py (`rfind`, `mismatch`) against what it replaces: mlx-lm's
+own reverse search (`TokenizerWrapper._find`) and the per-token loop that found where the system
+prompt's tokens leave the prompt's, on random token lists built to hold the sequence at the
+edges, overlapping and not at all."""
 
 import random
 
