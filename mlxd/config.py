@@ -181,6 +181,14 @@ def hf_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def child_environment(pythonpath: str) -> dict[str, str]:
+    """This process's environment for a child process, `pythonpath` first on its path (the
+    benchmark's servers run the mlxd that started them)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
 def cudnn_attention() -> bool:
     """Whether MLX-CUDA's cuDNN attention is on (MLX reads MLX_CUDA_USE_CUDNN_SDPA itself;
     `--cudnn-attention off` writes it)."""

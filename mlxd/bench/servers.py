@@ -1,7 +1,6 @@
 """The two servers of `mlxd bench serve` as subprocesses on free ports: start, wait on /health
 and a warm-up reply, sample the resident memory of the process tree, stop."""
 
-import os
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from typing import Any
 import httpx
 
 import mlxd
+from mlxd.config import child_environment
 
 SIDES = ("mlx_lm", "mlxd")
 LABEL = {"mlx_lm": "mlx-lm", "mlxd": "mlxd"}
@@ -119,10 +119,8 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        env = dict(os.environ)
         # The mlxd being benchmarked is the one imported here, installed or not.
-        root = str(Path(mlxd.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        env = child_environment(str(Path(mlxd.__file__).resolve().parent.parent))
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
