@@ -29,8 +29,8 @@ def load(
     """Load model and tokenizer; `None` means the embedded default model."""
     folder = resolve_model(path_or_hf_repo, revision=revision)
     check_folder(folder)
-    if adapter_path is not None and not Path(adapter_path).exists():
-        raise ModelLoadError(f"{adapter_path}: adapter path not found")
+    if adapter_path is not None and not _exists(adapter_path):
+        raise ModelLoadError(f"{adapter_path[:200]}: adapter path not found")
     try:
         loaded = _mlx_lm_load(
             str(folder),
@@ -65,3 +65,11 @@ def _materialize_with_progress(model: nn.Module, label: str, chunk: int = 256 <<
                 group, size = [], 0
         mx.eval(group)
         bar.update(size)
+
+
+def _exists(path: str) -> bool:
+    """False for a path the OS cannot even look up (a name too long, a NUL byte)."""
+    try:
+        return Path(path).exists()
+    except (OSError, RuntimeError, ValueError):
+        return False

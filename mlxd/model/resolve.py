@@ -53,20 +53,31 @@ def _from_hf(repo: str, revision: str | None) -> Path:
         ) from e
 
 
+def _magic(path: Path) -> bytes:
+    """A file's first four bytes (a GGUF file starts with b"GGUF"), read alone."""
+    with path.open("rb") as f:
+        return f.read(4)
+
+
 def resolve_model(ref: str | os.PathLike | None, revision: str | None = None) -> Path:
     """The local folder holding config.json, weights and tokenizer for `ref`."""
     if ref is None:
         from .default import default_model_path
 
         return default_model_path()
-    path = Path(ref).expanduser()
-    if path.is_file():
-        if path.suffix == ".gguf" or path.read_bytes()[:4] == b"GGUF":
+    try:
+        path = Path(ref).expanduser()
+        kind = "file" if path.is_file() else "dir" if path.is_dir() else None
+    except (OSError, RuntimeError, ValueError) as e:  # ~nosuchuser, a name too long, a NUL
+        why = type(e).__name__
+        raise ModelLoadError(f"{str(ref)[:200]!r}: not a model reference ({why})") from None
+    if kind == "file":
+        if path.suffix == ".gguf" or _magic(path) == b"GGUF":
             from .gguf import convert_gguf
 
             return convert_gguf(path)
         raise ModelLoadError(f"{path}: not a model folder or a GGUF file")
-    if path.is_dir():
+    if kind == "dir":
         ggufs = sorted(path.glob("*.gguf"))
         if not (path / "config.json").exists() and len(ggufs) == 1:
             from .gguf import convert_gguf

@@ -3,6 +3,7 @@ Anthropic's `{"type": "error", "error": {type, message}}`; 429/503 carry Retry-A
 request body: a size cap (413), JSON (400 naming the problem), an object (400)."""
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,4 +83,39 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> dict[str, 
         raise bad_request("request body nests too deeply") from e
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
+    check_values(body)
     return body
+
+
+INT64 = 1 << 63  # MLX and the samplers take 64-bit integers at most
+
+
+def check_values(body: dict[str, Any]) -> None:
+    """Every string valid UTF-8 (JSON's `\\ud800` escapes decode to lone surrogates, which no
+    tokenizer or response can encode), every integer within 64 bits and every float finite
+    (json.loads takes NaN and Infinity): else a 400 naming where."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, where)
+        elif isinstance(value, bool):
+            continue
+        elif isinstance(value, int) and not -INT64 <= value < INT64:
+            raise bad_request(f"{where}: the integer {value} is out of range", where)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise bad_request(f"{where}: {value} is not a finite number", where)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                _check_text(k, where or "body")  # a key is checked before it names a place
+                stack.append((f"{where}.{k}" if where else k, v))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        message = f"{where}: the text holds a lone surrogate (invalid Unicode)"
+        raise bad_request(message, where) from None

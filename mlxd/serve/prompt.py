@@ -57,8 +57,11 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
             m["content"] = ""
         elif not isinstance(content, str):
             raise bad_request(f"messages[{i}].content must be a string or a list of parts")
-        for call in m.get("tool_calls") or []:
-            fn = call.get("function") if isinstance(call, dict) else None
+        calls = m.get("tool_calls") or []
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise bad_request(f"messages[{i}].tool_calls must be a list of objects", "messages")
+        for call in calls:
+            fn = call.get("function")
             if isinstance(fn, dict) and isinstance(fn.get("arguments"), str) and fn["arguments"]:
                 try:
                     fn["arguments"] = json.loads(fn["arguments"])

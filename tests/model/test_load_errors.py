@@ -95,3 +95,25 @@ def test_missing_adapter_path(tmp_path: Path) -> None:
     folder = _write_folder(tmp_path / "m")
     with pytest.raises(ModelLoadError, match="adapter path not found"):
         load(str(folder), adapter_path=str(tmp_path / "no-adapter"))
+
+
+def test_a_large_file_is_judged_by_its_first_bytes(tmp_path: Path, monkeypatch) -> None:
+    """Deciding whether a file is a GGUF reads its four magic bytes, never the whole file."""
+    f = tmp_path / "big.bin"
+    with f.open("wb") as out:
+        out.truncate(64 << 20)  # sparse: 64 MB of zeros
+
+    def whole(self: Path) -> bytes:
+        raise AssertionError(f"read the whole of {self}")
+
+    monkeypatch.setattr(Path, "read_bytes", whole)
+    with pytest.raises(ModelLoadError, match="not a model folder or a GGUF file"):
+        resolve_model(str(f))
+
+
+@pytest.mark.parametrize(
+    "ref", ["~nosuchuser", "a" * 300, "bad\0name"], ids=["tilde", "long", "nul"]
+)
+def test_a_reference_the_os_cannot_look_up_is_a_load_error(ref: str) -> None:
+    with pytest.raises(ModelLoadError, match="not a model reference|no such file"):
+        resolve_model(ref)

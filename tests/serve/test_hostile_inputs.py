@@ -1,0 +1,97 @@
+"""Hostile values an outside fuzzer sent, each once a 500: integers past 64 bits, lone
+surrogates, model and adapter names the file system cannot look up, a non-list `tool_calls`.
+Each is now a 4xx in the API's own shape naming the field, and the server keeps serving."""
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+M = [{"role": "user", "content": "hi"}]
+BIG = 2**63  # one past int64: MLX raised std::bad_cast
+
+
+def post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    # json.dumps escapes a lone surrogate as \ud800, as a hostile client would send it
+    content = json.dumps(body)
+    return httpx.post(url + path, content=content, headers={"content-type": "application/json"},
+                      timeout=60)  # fmt: skip
+
+
+def openai_error(r: httpx.Response, status: int, param: str, *words: str) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    assert all(w in err["message"] for w in words), err
+
+
+@pytest.mark.parametrize(
+    "fields, status, param, words",
+    [
+        ({"temperature": BIG}, 400, "temperature", ["out of range"]),
+        ({"repetition_penalty": BIG}, 400, "repetition_penalty", ["out of range"]),
+        ({"top_k": -BIG - 1}, 400, "top_k", ["out of range"]),
+        ({"max_tokens": BIG}, 400, "max_tokens", ["out of range"]),
+        ({"seed": BIG}, 400, "seed", ["out of range"]),
+        ({"top_p": float("nan")}, 400, "top_p", ["not a finite number"]),
+        ({"presence_penalty": float("inf")}, 400, "presence_penalty", ["not a finite number"]),
+        ({"model": "~nosuchuser"}, 404, "model", ["not a model reference"]),
+        ({"model": "a" * 300}, 404, "model", []),
+        ({"model": "\ud800"}, 400, "model", ["lone surrogate"]),
+        ({"adapters": "\ud800"}, 400, "adapters", ["lone surrogate"]),
+        ({"stop": ["ok", "\ud800"]}, 400, "stop[1]", ["lone surrogate"]),
+        ({"messages": [{"role": "user", "content": "hi \ud800"}]}, 400, "messages[0].content",
+         ["lone surrogate"]),
+        ({"messages": [{"role": "user", "content": "hi"}], "lo\ud800": 1}, 400, "body",
+         ["lone surrogate"]),
+        ({"messages": [*M, {"role": "assistant", "content": "x", "tool_calls": 5}]}, 400,
+         "messages", ["tool_calls must be a list"]),
+    ],
+    ids=["temperature", "repetition_penalty", "top_k", "max_tokens", "seed", "nan", "inf",
+         "model-tilde",
+         "model-long", "model-surrogate", "adapters", "stop", "content", "key", "tool_calls"],
+)  # fmt: skip
+def test_chat_fields(qwen3_server, fields, status, param, words) -> None:
+    body = {"messages": M, "max_tokens": 2, **fields}
+    openai_error(post(qwen3_server.url, "/v1/chat/completions", body), status, param, *words)
+
+
+def test_an_adapter_path_too_long_to_look_up_is_not_found(qwen3_server) -> None:
+    body = {"messages": M, "max_tokens": 2, "adapters": "a" * 300}
+    r = post(qwen3_server.url, "/v1/chat/completions", body)
+    assert r.status_code == 404 and "adapter path not found" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "prompt, param",
+    [([BIG], "prompt[0]"), ([1, 10**30], "prompt[1]"), ("hi \ud800", "prompt")],
+    ids=["int64", "huge", "surrogate"],
+)
+def test_completion_prompts(qwen3_server, prompt, param) -> None:
+    r = post(qwen3_server.url, "/v1/completions", {"prompt": prompt, "max_tokens": 2})
+    openai_error(r, 400, param)
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [({"model": "\ud800"}, "lone surrogate"), ({"temperature": BIG}, "out of range")],
+    ids=["model", "temperature"],
+)
+def test_messages_in_anthropics_shape(qwen3_server, fields, words) -> None:
+    body = {"model": "x", "max_tokens": 2, "messages": M, **fields}
+    r = post(qwen3_server.url, "/v1/messages", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["type"] == "error" and words in r.json()["error"]["message"]
+
+
+def test_a_name_anthropic_falls_back_from_is_served(qwen3_server) -> None:
+    """Anthropic clients send their own model ids: one the file system cannot look up still
+    falls back to the served model."""
+    body = {"model": "~nosuchuser", "max_tokens": 2, "messages": M}
+    assert post(qwen3_server.url, "/v1/messages", body).status_code == 200
+
+
+def test_the_server_still_serves(qwen3_server) -> None:
+    r = post(qwen3_server.url, "/v1/chat/completions", {"messages": M, "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
