@@ -173,7 +173,15 @@ def mlxd_home(create: bool = True) -> Path:
     root = os.environ.get("MLXD_HOME")
     path = Path(root).expanduser() if root else Path.home() / ".cache" / "mlxd"
     if create:
-        path.mkdir(parents=True, exist_ok=True)
+        private_dir(path)
+    return path
+
+
+def private_dir(path: Path) -> Path:
+    """`path` made if missing and readable by its owner alone (0700): mlxd's data folders hold
+    prompts, replies and converted weights."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
     return path
 
 

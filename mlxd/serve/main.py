@@ -1,5 +1,6 @@
 """`mlxd serve`: load the model, build the app, run uvicorn until interrupted."""
 
+import ipaddress
 import logging
 
 from ..config import ServeConfig
@@ -23,6 +24,23 @@ def make_state(config: ServeConfig) -> ServerState:
     return state
 
 
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A warning when the server listens beyond this machine with no API key: with CORS `*`,
+    any web page the user opens could then use the model too."""
+    if api_key:
+        return None
+    try:
+        local = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = host == "localhost"
+    if local:
+        return None
+    return (
+        f"serving on {host} without --api-key: anyone who can reach this port can use the "
+        "model; set --api-key (or MLXD_API_KEY), or --host 127.0.0.1"
+    )
+
+
 def serve(config: ServeConfig) -> None:
     import uvicorn
 
@@ -30,6 +48,8 @@ def serve(config: ServeConfig) -> None:
         level=getattr(logging, config.log_level.upper(), logging.INFO),
         format="%(asctime)s - %(levelname)s - %(message)s",
     )
+    if (warning := exposure_warning(config.host, config.api_key)) is not None:
+        log.warning(warning)
     state = make_state(config)
     app = build_app(state)
     log.info("serving %s on http://%s:%d", state.provider.default.name, config.host, config.port)

@@ -10,6 +10,7 @@ the response object. One connection behind a lock; the async methods run it off 
 """
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -20,6 +21,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..config import private_dir
 from .app import ServerState
 from .errors import APIError, bad_request, read_json
 from .generation import Generation
@@ -206,7 +208,9 @@ CREATE TABLE IF NOT EXISTS responses (
 
 class ResponseStore:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))  # SQLite gives its WAL these
+        path.chmod(0o600)
         self.path = path
         self._lock = threading.Lock()
         # Autocommit: every write is its own transaction, durable before the call returns.

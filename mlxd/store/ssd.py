@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import private_dir
 from . import ssd_format as fmt
 from .ssd_format import FORMAT_VERSION, FormatError, Prepared
 from .ssd_index import Index, SSDEntry
@@ -46,8 +47,8 @@ class SSDTier:
         self.root, self.max_bytes = Path(root), max_bytes
         self.dir = self.root / f"v{FORMAT_VERSION}"
         self.quarantine_dir = self.root / "quarantine"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (self.dir, self.quarantine_dir):  # entries hold prompts' token ids:
+            private_dir(folder)  # the user's alone
         self._lock = threading.Lock()  # counters and the pending set
         self._pending: set[str] = set()
         self._counts = dict.fromkeys(
@@ -159,7 +160,7 @@ class SSDTier:
         final = self.dir / item.key
         tmp = self.dir / f"{item.key}.{uuid.uuid4().hex[:8]}{_TMP}"
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
                 fmt.write(f, header, item.views)
                 f.flush()
                 _sync(f.fileno())

@@ -132,3 +132,24 @@ def test_open_server_allows_any_origin(qwen3_server: LiveServer) -> None:
     assert r.headers["access-control-allow-origin"] in ("*", "http://anywhere.example")
     r = httpx.get(qwen3_server.v1 + "/models", timeout=30)
     assert r.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "host, key, warns",
+    [
+        ("127.0.0.1", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+        ("0.0.0.0", None, True),
+        ("192.168.1.20", None, True),
+        ("my-mac.local", None, True),
+        ("0.0.0.0", "secret", False),
+    ],
+)
+def test_listening_beyond_this_machine_without_a_key_warns(host, key, warns) -> None:
+    from mlxd.serve.main import exposure_warning
+
+    warning = exposure_warning(host, key)
+    assert (warning is not None) == warns
+    if warns:
+        assert host in warning and "--api-key" in warning

@@ -49,3 +49,23 @@ def test_responses_survive_a_restart(make_server) -> None:
     )
     assert chained.usage.input_tokens > r.usage.input_tokens + r.usage.output_tokens
     assert json.loads(httpx.get(f"{second.v1}/responses/{chained.id}").text)["id"] == chained.id
+
+
+def test_the_database_is_the_users_alone(tmp_path: Path) -> None:
+    """Stored responses hold whole conversations: the folder 0700, the database and its WAL
+    0600, whatever the umask."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        store = ResponseStore(tmp_path / "data" / "responses.sqlite3")
+        store.put("resp_1", [{"role": "user", "content": "secret"}], {"id": "resp_1"})
+    finally:
+        os.umask(old)
+    folder = tmp_path / "data"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    files = list(folder.iterdir())
+    assert any(p.name.endswith("-wal") for p in files)
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files), files
+    store.close()

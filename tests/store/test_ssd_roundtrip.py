@@ -112,3 +112,22 @@ def test_round_trip_of_other_classes_and_dtypes(tmp_path) -> None:
         assert restored[0].keys.dtype == mx.bfloat16 and restored[1].keys.dtype == mx.float16
     finally:
         tier.close()
+
+
+def test_entries_are_the_users_alone(tmp_path) -> None:
+    """Entries hold the prompt's token ids: folders 0700, files 0600, whatever the umask."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    tier = SSDTier(tmp_path / "ssd", BIG)
+    try:
+        entry = write(tier, "private", list(range(9)), _odd_layers())
+        assert tier.restore(entry) is not None
+    finally:
+        tier.close()
+        os.umask(old)
+    for folder in (tier.dir, tier.quarantine_dir):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    files = [p for p in tier.dir.iterdir() if p.is_file()]
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
