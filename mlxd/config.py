@@ -178,10 +178,12 @@ def mlxd_home(create: bool = True) -> Path:
 
 
 def private_dir(path: Path) -> Path:
-    """`path` made if missing and readable by its owner alone (0700): mlxd's data folders hold
-    prompts, replies and converted weights."""
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o700)
+    """`path`, made if missing and then readable by its owner alone (0700): mlxd's data folders
+    hold prompts, replies and converted weights. A folder that exists is left as it is (it
+    may be the user's own choice, or not theirs to change)."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o700)
     return path
 
 
