@@ -4,6 +4,7 @@ request body: a size cap (413), JSON (400 naming the problem), an object (400)."
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,9 +103,9 @@ def check_values(body: dict[str, Any]) -> None:
         elif isinstance(value, bool):
             continue
         elif isinstance(value, int) and not -INT64 <= value < INT64:
-            raise bad_request(f"{where}: the integer {value} is out of range", where)
+            raise bad_request(f"{where}: the integer {value} is out of range", _field(where))
         elif isinstance(value, float) and not math.isfinite(value):
-            raise bad_request(f"{where}: {value} is not a finite number", where)
+            raise bad_request(f"{where}: {value} is not a finite number", _field(where))
         elif isinstance(value, dict):
             for k, v in value.items():
                 _check_text(k, where or "body")  # a key is checked before it names a place
@@ -118,4 +119,9 @@ def _check_text(text: str, where: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError:
         message = f"{where}: the text holds a lone surrogate (invalid Unicode)"
-        raise bad_request(message, where) from None
+        raise bad_request(message, _field(where)) from None
+
+
+def _field(where: str) -> str:
+    """The top-level field a JSON path is in: the `param` of OpenAI's errors."""
+    return re.split(r"[.\[]", where, maxsplit=1)[0]
