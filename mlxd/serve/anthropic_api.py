@@ -28,7 +28,7 @@ from .params import GenParams, load_model
 from .prompt import Prompt
 from .provider import Served
 from .schemas import body_schema
-from .streaming import offload, sse_event, sse_stream, until_done_or_disconnect
+from .streaming import as_json, offload, sse_event, sse_stream, until_done_or_disconnect
 
 log = logging.getLogger("mlxd.serve")
 
@@ -61,8 +61,7 @@ async def _messages(request: Request, state: ServerState, arrival: Any) -> Respo
     reply = events(gen, model, StopWords(served.tokenizer, params.stop), conv.prefill)
     if stream:
         return sse_stream(_frames(reply), gen.behind)
-    message = await until_done_or_disconnect(request, fold(reply), gen)
-    return JSONResponse(message)
+    return await until_done_or_disconnect(request, as_json(fold(reply)), gen)
 
 
 async def _frames(reply: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[str]:

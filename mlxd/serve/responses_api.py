@@ -30,7 +30,7 @@ from .prompt import chat_prompt, normalize_messages
 from .responses_convert import chat_tools, flat_tools, input_items, new_id, to_messages
 from .responses_stream import ResponseRun
 from .schemas import body_schema
-from .streaming import offload, sse_stream, until_done_or_disconnect
+from .streaming import as_json, offload, sse_stream, until_done_or_disconnect
 
 # mlx-lm sampling extras a Responses body may carry too (read with chat's rules).
 _EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -156,7 +156,7 @@ async def _create(request: Request, state: ServerState, arrival: Any) -> Respons
     run = ResponseRun(req.head(model), gen, items, state.store if req.store else None)
     if req.stream:
         return sse_stream(run.frames(), gen.behind)
-    return JSONResponse(await until_done_or_disconnect(request, run.whole(), gen))
+    return await until_done_or_disconnect(request, as_json(run.whole()), gen)
 
 
 def _not_found(response_id: str) -> APIError:

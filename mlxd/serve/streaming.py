@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..engine.overlap import run_soon
 
@@ -78,6 +78,12 @@ async def coalesce(frames: AsyncIterator[str], behind: Callable[[], bool]) -> As
             yield "".join(held)
     finally:  # a client gone away: close the frames now, which cancels the rows
         await frames.aclose()  # type: ignore[attr-defined]
+
+
+async def as_json(work: Awaitable[Any]) -> Response:
+    """`work`'s result as a JSON response (for `until_done_or_disconnect`, whose 499 for a
+    client that hung up is a Response already)."""
+    return JSONResponse(await work)
 
 
 async def until_done_or_disconnect(request: Request, work: Awaitable[T], gen: Any) -> T | Response:

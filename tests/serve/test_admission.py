@@ -167,6 +167,42 @@ def test_non_streaming_client_timeout_cancels_the_row(qwen3_server) -> None:
     wait_for(lambda: stats(qwen3_server)["active"] == 0, 5, "the row outlived its client")
 
 
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/messages", {"model": "m", "messages": MESSAGES, "max_tokens": 2000}),
+        ("/v1/responses", {"input": "Tell me a story.", "max_output_tokens": 2000}),
+    ],
+    ids=["messages", "responses"],
+)
+def test_a_hung_up_anthropic_or_responses_request_ends_quietly(
+    qwen3_server, caplog, path: str, body: dict
+) -> None:
+    """A non-streaming Messages or Responses request whose client hangs up: its row is
+    cancelled and nothing is logged as an unhandled error (the 499 was once wrapped in JSON)."""
+    body = {**body, "temperature": 0}
+    outcome: list[str] = []
+    impatient = threading.Thread(target=_hang_up, args=(qwen3_server.url + path, body, outcome))
+    with caplog.at_level("ERROR"):
+        impatient.start()
+        wait_for(lambda: stats(qwen3_server)["active"] == 1, 5, "the request never started")
+        impatient.join()
+        assert outcome == ["hung up"], outcome
+        wait_for(lambda: stats(qwen3_server)["active"] == 0, 5, "the row outlived its client")
+        time.sleep(0.5)  # the handler returns after the cancel
+    errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert errors == [], [r.getMessage() for r in errors]
+
+
+def _hang_up(url: str, body: dict, outcome: list[str]) -> None:
+    """The client gives up after 1.5 s (a 2000-token reply takes longer)."""
+    try:
+        r = httpx.post(url, json={**body, "logit_bias": NO_EOS}, timeout=1.5)
+        outcome.append(f"answered {r.status_code}")
+    except httpx.TimeoutException:
+        outcome.append("hung up")
+
+
 def test_memory_budget_is_mlx_memory_limit_until_close(qwen3_model_dir: Path, tmp_path) -> None:
     """Past --memory-budget MLX's allocator frees cached buffers instead of growing its cache
     (CUDA never clears it by default); closing gives the process its old limit back."""
