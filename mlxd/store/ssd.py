@@ -2,8 +2,10 @@
 restarts, written in the background, capped in bytes (LRU), verified before they are served.
 
 Files live in root/v{FORMAT_VERSION}/<key>; root/quarantine/ receives any file that fails a
-check. Writes are atomic (temp file, fsync, rename, fsync of the directory), so a crash leaves
-at most a temp file, which the next start deletes. The format is in ssd_format.py.
+check. Entries an older format wrote (root/v1/, root/v2/, ...) are misses: they are deleted at
+start, so they do not sit outside the byte cap. Writes are atomic (temp file, fsync, rename,
+fsync of the directory), so a crash leaves at most a temp file, which the next start deletes.
+The format is in ssd_format.py.
 """
 
 import logging
@@ -55,6 +57,7 @@ class SSDTier:
             ("written", "dropped", "quarantined", "restored", "evicted", "skipped", "errors"), 0
         )
         self.index = Index()
+        self._drop_old_formats()
         self._scan()
         self.evict_to(max_bytes)  # the cap may have shrunk since the last run
         self._writer = Writer(self._write_entry, queue_depth)
@@ -200,6 +203,23 @@ class SSDTier:
             toks = tuple(h["tokens"])
             kind = str(h.get("kind", "assistant"))
             self.index.add(SSDEntry(name, h["namespace"], toks, kind, size, h["trimmable"]), mtime)
+
+    def _drop_old_formats(self) -> None:
+        """Delete the entries (and temp files) of older formats; anything else stays."""
+        for folder in self.root.glob("v*"):
+            version = folder.name[1:]
+            if not (version.isdigit() and int(version) < FORMAT_VERSION and folder.is_dir()):
+                continue
+            gone = 0
+            try:
+                for path in folder.iterdir():
+                    if path.is_file() and (len(path.name) == _KEY_LEN or path.name.endswith(_TMP)):
+                        path.unlink(missing_ok=True)
+                        gone += 1
+                folder.rmdir()
+            except OSError as e:  # not empty (files that are not ours) or not ours to change
+                log.info("SSD tier: %s left in place: %s", folder, e)
+            log.info("SSD tier: deleted %d entries of format %s in %s", gone, version, folder)
 
     def _quarantine(self, path: Path, why: str) -> None:
         log.warning("SSD tier: quarantined %s: %s", path.name, why)

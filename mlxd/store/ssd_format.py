@@ -2,12 +2,14 @@
 
 Layout: MAGIC (8 bytes) | header length (u64 LE) | header (JSON) | payload | digest (32 bytes).
 The header records the format version, namespace, token ids, kind, and every layer's mlx-lm
-class plus its `state` tree, with arrays replaced by indexes into the tensor table (dtype, shape);
-the payload is those tensors' raw C-order bytes back to back. The digest covers header + payload,
-so any flipped byte is caught: blake2b-256 over the header and the blake2b digests of the
-payload's pieces (each tensor cut into PIECE-byte pieces), which are hashed on several threads
-(hashlib lets go of the GIL), so verifying a gigabyte is not a second of one core. The key
-recomputed from the header must equal the file name, so a renamed or swapped-in file is caught.
+class, its `state` tree with arrays replaced by indexes into the tensor table (dtype, shape), and
+its buffer's capacity; the payload is those tensors' raw C-order bytes back to back. A KV layer's
+tensors hold only its used positions (ssd_used.py), so a file grows with its prompt, not with
+the buffer. The digest covers header + payload, so any flipped byte is caught: blake2b-256 over
+the header and the blake2b digests of the payload's pieces (each tensor cut into PIECE-byte
+pieces), which are hashed on several threads (hashlib lets go of the GIL), so verifying a
+gigabyte is not a second of one core. The key recomputed from the header must equal the file
+name, so a renamed or swapped-in file is caught.
 """
 
 import hashlib
@@ -24,7 +26,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import _BaseCache
 
-FORMAT_VERSION = 2  # bump when the on-disk format changes; part of every key
+from .ssd_used import regrow, shrink
+
+FORMAT_VERSION = 3  # bump when the on-disk format changes; part of every key
 MAGIC = b"MLXDKV\x00\x00"
 PREFIX = len(MAGIC) + 8
 DIGEST = 32
@@ -85,7 +89,7 @@ class Prepared:
     tokens: tuple[int, ...]
     kind: str
     trimmable: bool
-    layers: list[dict[str, Any]]  # {"module", "class", "state": encoded tree}
+    layers: list[dict[str, Any]]  # {"module", "class", "state": encoded tree, "capacity"}
     tensors: list[tuple[str, list[int]]]  # (dtype name, shape), in payload order
     views: list[memoryview]  # the tensors' bytes (possibly strided), kept alive until written
     payload_nbytes: int
@@ -125,10 +129,12 @@ def prepare(namespace: str, tokens: Any, cache: list[Any], kind: str) -> Prepare
     update of the cache then copies instead of donating and overwriting the bytes being written
     (tests/store/test_ssd_writer.py fails without the pin)."""
     arrays: list[mx.array] = []
-    layers = [
-        {"module": type(c).__module__, "class": type(c).__name__, "state": _encode(c.state, arrays)}
-        for c in cache
-    ]
+    layers = []
+    for c in cache:
+        used, capacity = shrink(c)  # views of the used positions: the pins below copy nothing
+        state = _encode(used.state, arrays)
+        layers.append({"module": type(c).__module__, "class": type(c).__name__,
+                       "state": state, "capacity": capacity})  # fmt: skip
     pins = [mx.stop_gradient(a) for a in arrays]
     mx.eval(pins)  # new no-copy nodes: evaluated here, on the thread that owns MLX work
     views = [memoryview(p) for p in pins]  # each view keeps its pin (and the buffer) alive
@@ -262,6 +268,7 @@ def _rebuild(h: dict[str, Any], payload: memoryview) -> list[Any]:
         cls = getattr(importlib.import_module(module), layer["class"])
         if not (isinstance(cls, type) and issubclass(cls, _BaseCache)):
             raise FormatError(f"{module}.{layer['class']} is not an mlx-lm cache class")
-        layers.append(cls.from_state(_decode(layer["state"], arrays)))
-    mx.eval(arrays)
+        restored = cls.from_state(_decode(layer["state"], arrays))
+        layers.append(regrow(restored, layer.get("capacity")))
+    mx.eval([c.state for c in layers])
     return layers
