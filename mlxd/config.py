@@ -558,6 +558,22 @@ class ServeConfig:
         "--http", group=SERVER, choices=("auto", "h11", "httptools"),
         help="HTTP parser, as uvicorn's --http (default: auto, httptools where installed)",
     )  # fmt: skip
+    header_timeout: float = flag(10.0,
+        "--header-timeout", group=SERVER, parse=float, metavar="SECONDS",
+        help="a connection that has not sent a whole request head this long after it opened, "
+        "or after its first byte of a next request, is answered 408 and closed (default: 10)",
+    )  # fmt: skip
+    body_timeout: float = flag(60.0,
+        "--body-timeout", group=SERVER, parse=float, metavar="SECONDS",
+        help="a request body that makes no progress this long is answered 408 and its "
+        "connection closed (default: 60)",
+    )  # fmt: skip
+    max_connections: int = flag(512,
+        "--max-connections", group=SERVER, parse=int,
+        help="open connections at most (fewer when the file-descriptor limit leaves less "
+        "room); past it the connection that has waited longest for a request head is closed, "
+        "or, when every one is busy, the new one is answered 503 (default: 512)",
+    )  # fmt: skip
     log_level: str = flag("INFO",
         "--log-level", group=SERVER, parse=str, choices=LOG_LEVELS,
         help="Set the logging level (default: INFO)",
@@ -581,6 +597,9 @@ class ServeConfig:
         checks = (  # what the flags' parsers make: -1 is auto's token count
             ("prefill_batch_tokens", self.prefill_batch_tokens >= -1),
             ("join_window", 0 <= self.join_window <= 10),
+            ("header_timeout", self.header_timeout > 0),
+            ("body_timeout", self.body_timeout > 0),
+            ("max_connections", self.max_connections >= 1),
             ("switch_interval", self.switch_interval in (None, "engine")
              or isinstance(self.switch_interval, float) and self.switch_interval > 0),
         )  # fmt: skip

@@ -2,10 +2,13 @@
 
 import ipaddress
 import logging
+from typing import Any
 
 from ..config import ServeConfig
 from ..model import ModelLoadError
 from .app import ServerState, build_app
+from .http_body import harden
+from .http_limits import Limits, connection_cap, fd_limit, guarded_protocol
 from .metrics import Metrics
 from .provider import ModelProvider
 
@@ -41,9 +44,30 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
     )
 
 
-def serve(config: ServeConfig) -> None:
+def http_server(app: Any, config: ServeConfig) -> Any:
+    """The uvicorn server `mlxd serve` runs: `app` with deadlines for a request's head and
+    body, and at most --max-connections open connections (http_limits.py, http_body.py)."""
     import uvicorn
 
+    cap = connection_cap(config.max_connections, fd_limit())
+    if cap < config.max_connections:
+        log.info("--max-connections %d lowered to %d: the file-descriptor limit leaves no "
+                 "more room", config.max_connections, cap)  # fmt: skip
+    limits = Limits(config.header_timeout, cap)
+    settings = uvicorn.Config(
+        harden(app, config.body_timeout),
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level.lower(),
+        loop=config.loop,
+        http=guarded_protocol(config.http, limits),
+    )
+    server = uvicorn.Server(settings)
+    server.limits = limits  # type: ignore[attr-defined]
+    return server
+
+
+def serve(config: ServeConfig) -> None:
     logging.basicConfig(
         level=getattr(logging, config.log_level.upper(), logging.INFO),
         format="%(asctime)s - %(levelname)s - %(message)s",
@@ -51,16 +75,11 @@ def serve(config: ServeConfig) -> None:
     if (warning := exposure_warning(config.host, config.api_key)) is not None:
         log.warning(warning)
     state = make_state(config)
-    app = build_app(state)
+    server = http_server(build_app(state), config)
     log.info("serving %s on http://%s:%d", state.provider.default.name, config.host, config.port)
     try:
-        uvicorn.run(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level.lower(),
-            loop=config.loop,
-            http=config.http,
-        )
+        server.run()
     finally:
         state.provider.close()
+    if not server.started:  # as uvicorn.run: the app's start-up failed
+        raise SystemExit(3)
