@@ -352,6 +352,12 @@ class ServeConfig:
         "--use-default-chat-template", group=MODEL, action="store_true",
         help="Use the default chat template",
     )  # fmt: skip
+    allow_model_paths: bool = flag(False,
+        "--allow-model-paths", group=MODEL, action="store_true",
+        help="let a request's model or adapters name any local path or Hugging Face repo, "
+        "downloading it if needed (mlx_lm.server's behaviour); off: only the served model, "
+        "its aliases and models already in the local Hugging Face cache",
+    )  # fmt: skip
     chat_template_args: dict[str, Any] = flag({},
         "--chat-template-args", group=MODEL, parse=json.loads, text="{}",
         help="JSON arguments for the tokenizer's apply_chat_template, e.g. "
@@ -537,6 +543,10 @@ class ServeConfig:
         "--allowed-origins", group=SERVER, parse=_origins, text="*",
         help="Allowed CORS origins, comma separated (default: *)",
     )  # fmt: skip
+    max_request_bytes: int = flag(8 << 20,
+        "--max-request-bytes", group=SERVER, parse=int,
+        help="largest request body accepted; larger ones are 413 (default: 8 MiB)",
+    )  # fmt: skip
     api_key: str | None = flag(None,
         "--api-key", group=SERVER, parse=str, env="MLXD_API_KEY",
         help="require this key on every endpoint but /health (default: $MLXD_API_KEY)",
@@ -544,6 +554,16 @@ class ServeConfig:
     data_dir: str | None = flag(None,
         "--data-dir", group=SERVER, parse=str, env="MLXD_HOME",
         help="where stored responses live (default: $MLXD_HOME/data)",
+    )  # fmt: skip
+    responses_max_stored: int = flag(10_000,
+        "--responses-max-stored", group=SERVER, parse=int,
+        help="stored responses (/v1/responses with store: true) kept at most; the oldest go "
+        "first, and a previous_response_id naming one is a 404 (default: 10000; 0: no bound)",
+    )  # fmt: skip
+    responses_max_age: float = flag(30.0,
+        "--responses-max-age", group=SERVER, parse=float, metavar="DAYS",
+        help="stored responses older than this are deleted (default: 30, OpenAI's retention; "
+        "0: kept until --responses-max-stored evicts them)",
     )  # fmt: skip
     config: str | None = flag(None,
         "--config", group=SERVER, parse=str,
@@ -597,6 +617,8 @@ class ServeConfig:
         checks = (  # what the flags' parsers make: -1 is auto's token count
             ("prefill_batch_tokens", self.prefill_batch_tokens >= -1),
             ("join_window", 0 <= self.join_window <= 10),
+            ("responses_max_stored", self.responses_max_stored >= 0),
+            ("responses_max_age", 0 <= self.responses_max_age < float("inf")),
             ("header_timeout", self.header_timeout > 0),
             ("body_timeout", self.body_timeout > 0),
             ("max_connections", self.max_connections >= 1),

@@ -2,6 +2,7 @@
 repo id (local cache first, `HF_HUB_OFFLINE` respected), or nothing (the embedded default)."""
 
 import os
+import re
 from pathlib import Path
 
 from ..config import hf_offline
@@ -19,6 +20,24 @@ ALLOW_PATTERNS = [
     "*.jsonl",
     "*.jinja",
 ]
+
+
+# Hugging Face's repo id rules: "owner/name", letters, digits, "-", "_", "." (no "..").
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+
+
+def cached_repo(ref: str) -> Path | None:
+    """`ref`'s folder when it is a repo id already in the local Hugging Face cache, else None.
+    Nothing outside the cache is looked at, so a request's name tells it nothing else."""
+    if not _REPO_ID.fullmatch(ref) or ".." in ref:
+        return None
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = Path(snapshot_download(ref, allow_patterns=ALLOW_PATTERNS, local_files_only=True))
+    except Exception:  # noqa: BLE001 - every hub error means "not in the cache"
+        return None
+    return path if (path / "config.json").is_file() else None
 
 
 def _looks_like_path(ref: str) -> bool:

@@ -24,7 +24,8 @@ from .anthropic_stream import StopWords, error_event, events, fold
 from .app import ServerState
 from .errors import bad_request, read_json
 from .generation import Generation
-from .params import GenParams, load_model
+from .limits import check_fits, message_text_bytes
+from .params import GenParams, load_model, model_ref
 from .prompt import Prompt
 from .provider import Served
 from .schemas import body_schema
@@ -33,10 +34,17 @@ from .streaming import as_json, offload, sse_event, sse_stream, until_done_or_di
 log = logging.getLogger("mlxd.serve")
 
 
-async def _prompt(state: ServerState, body: dict[str, Any]) -> tuple[Served, Conversation, Prompt]:
-    model_name(body)
+async def _prompt(
+    state: ServerState, body: dict[str, Any], params: GenParams
+) -> tuple[Served, Conversation, Prompt]:
+    """The body checked whole (`params` get its constraint), then the model looked up, the
+    text's size checked against the context (limits.py), and only then the template run."""
+    model_name(body)  # required here
+    ref = model_ref(body)
     conv = convert_request(body, state.config.chat_template_args)
-    served = await load_model(state, body, fallback=True)
+    constrain(params, body, conv.tools)
+    served = await load_model(state, ref, fallback=True)
+    check_fits(served, message_text_bytes(conv.messages))
     prompt = await offload(lambda: render(served.tokenizer, conv))
     return served, conv, prompt
 
@@ -54,8 +62,7 @@ async def _messages(request: Request, state: ServerState, arrival: Any) -> Respo
     if not isinstance(stream, bool | None):
         raise bad_request("stream must be of type bool", "stream")
     params = read_params(body, state.config)
-    served, conv, prompt = await _prompt(state, body)
-    constrain(params, body, conv.tools)
+    served, conv, prompt = await _prompt(state, body, params)
     gen = Generation(served, prompt, params, conv.tools, state.metrics, "messages", arrival)
     await gen.start(state)
     reply = events(gen, model, StopWords(served.tokenizer, params.stop), conv.prefill)
@@ -78,8 +85,7 @@ async def _frames(reply: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[
 async def count_tokens(request: Request) -> Response:
     state: ServerState = request.app.state.mlxd
     body = await read_json(request)
-    _, conv, prompt = await _prompt(state, body)
-    constrain(GenParams(), body, conv.tools)  # refuses what /v1/messages would refuse
+    _, _, prompt = await _prompt(state, body, GenParams())  # refuses what /v1/messages would
     return JSONResponse({"input_tokens": len(prompt.tokens)})
 
 

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from ..config import ServeConfig
 from .errors import APIError, anthropic_body, error_response, is_anthropic_path, openai_body
+from .limits import ReleaseAfterLargeBodies
 from .provider import ModelProvider
 from .schemas import body_schema
 from .streaming import offload
@@ -97,6 +98,7 @@ def build_app(state: ServerState) -> FastAPI:
         allow_headers=["*"],
     )
     app.add_middleware(APIKeyMiddleware, key=state.config.api_key)
+    app.add_middleware(ReleaseAfterLargeBodies)
     if state.metrics is not None:
         state.metrics.install(app)
     return app

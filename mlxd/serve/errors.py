@@ -60,10 +60,9 @@ def error_response(err: APIError, path: str) -> JSONResponse:
     return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
-MAX_BODY_BYTES = 64 << 20
-
-
-async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
+async def read_json(request: Request) -> dict[str, Any]:
+    """The body as a JSON object, within the server's `--max-request-bytes`."""
+    limit = request.app.state.mlxd.config.max_request_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body is {declared} bytes; the limit is {limit}")
@@ -74,6 +73,7 @@ async def read_json(request: Request, limit: int = MAX_BODY_BYTES) -> dict[str, 
             raise APIError(413, f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
     raw = b"".join(chunks)
+    request.scope.setdefault("state", {})["body_bytes"] = size  # limits.ReleaseAfterLargeBodies
     try:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:

@@ -15,64 +15,49 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .app import ServerState
-from .errors import APIError, bad_request, openai_body, read_json
+from .errors import APIError, openai_body, read_json
 from .generation import Chunk, Generation, TokenInfo
-from .params import GenParams, load_model, read_params, refuse_unsupported, tool_choice_tools
-from .prompt import Prompt, chat_prompt, normalize_messages, text_prompt
+from .limits import check_fits, message_text_bytes
+from .openai_request import parse_openai
+from .params import GenParams, load_model
+from .prompt import Prompt, chat_prompt, text_prompt
 from .provider import Served
 from .streaming import offload, sse_data, sse_stream, until_done_or_disconnect
-from .text import Delta, ToolCall, forced_tool
+from .text import Delta, ToolCall
 
 log = logging.getLogger("mlxd.serve")
 
 
 class Completion:
-    """One chat or text completion request, from body to response."""
+    """One chat or text completion request, from its typed fields to the response."""
 
     def __init__(
         self, state: ServerState, body: dict[str, Any], chat: bool, arrival: Any = None
     ) -> None:
-        self.state, self.body, self.chat, self.arrival = state, body, chat, arrival
-        self.stream = body.get("stream", False)
-        if not isinstance(self.stream, bool):
-            raise bad_request("stream must be of type bool", "stream")
-        self.model_name = body.get("model", "default_model")
+        self.state, self.chat, self.arrival = state, chat, arrival
+        self.req = parse_openai(body, state.config, chat)
+        self.stream, self.params, self.tools = self.req.stream, self.req.params, self.req.tools
+        self.include_usage = self.req.include_usage
+        self.model_name = body.get("model", "default_model")  # echoed as sent (mlx_lm.server)
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}"
         self.created = int(time.time())
         self.object = ("chat.completion" if chat else "text_completion") + (
             ".chunk" if self.stream and chat else ""
         )
-        self.params = read_params(body, state.config)
-        refuse_unsupported(body)
-        self.tools = tool_choice_tools(body) if chat else None
-        if chat and body.get("tool_choice") not in (None, "auto", "none"):
-            self._force_tool(body["tool_choice"])
-        opts = body.get("stream_options")
-        self.include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-
-    def _force_tool(self, choice: Any) -> None:
-        """tool_choice "required" or a named function: the row is constrained to the call's
-        JSON (text.py)."""
-        if self.params.constraint is not None:
-            raise bad_request("tool_choice cannot force a call together with a response format",
-                              "tool_choice")  # fmt: skip
-        self.params.constraint, self.params.forced_tool = forced_tool(self.tools, choice)
 
     async def prompt(self, served: Served) -> Prompt:
-        tok = served.tokenizer
+        """Checked against the context by its size first: templating and tokenizing a text
+        that cannot fit would cost far more than refusing it (limits.py)."""
+        tok, req = served.tokenizer, self.req
         if not self.chat:
-            if "prompt" not in self.body:
-                raise bad_request("Request did not contain a prompt", "prompt")
-            return await offload(lambda: text_prompt(tok, self.body["prompt"]))
-        if "messages" not in self.body:
-            raise bad_request("Request did not contain messages", "messages")
-        messages = normalize_messages(self.body["messages"])
-        kwargs = self.body.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, dict):
-            raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")
-        template_args = {**self.state.config.chat_template_args, **kwargs}
-        mapping = self.body.get("role_mapping")
-        return await offload(lambda: chat_prompt(tok, messages, self.tools, template_args, mapping))
+            prompt = req.prompt
+            if isinstance(prompt, str):
+                check_fits(served, len(prompt.encode("utf-8")), "prompt")
+            return await offload(lambda: text_prompt(tok, prompt))
+        messages = req.messages or []
+        check_fits(served, message_text_bytes(messages))
+        args, mapping = req.template_args or {}, req.role_mapping
+        return await offload(lambda: chat_prompt(tok, messages, self.tools, args, mapping))
 
     def _head(self) -> dict[str, Any]:
         return {
@@ -114,7 +99,7 @@ class Completion:
         }
 
     async def respond(self, request: Request) -> Response:
-        served = await load_model(self.state, self.body)
+        served = await load_model(self.state, self.req.model)
         prompt = await self.prompt(served)
         endpoint = "chat" if self.chat else "completions"
         gen = Generation(

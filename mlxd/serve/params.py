@@ -40,6 +40,7 @@ class GenParams:
 
 
 NUM = (int, float)
+MAX_STOP = 64  # stop strings a request may give (OpenAI takes 4; each is checked per token)
 INT32 = 2**31 - 1  # MLX slices take 32-bit indices
 
 
@@ -73,6 +74,8 @@ def stop_words(value: Any, name: str = "stop") -> list[str]:
     words = [value] if isinstance(value, str) else value
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise bad_request(f"{name} must be a string or a list of strings", name)
+    if len(words) > MAX_STOP:
+        raise bad_request(f"{name} takes at most {MAX_STOP} strings", name)
     return [w for w in words if w]
 
 
@@ -195,14 +198,33 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
             raise bad_request(f"{name} is not supported", name)
 
 
-async def load_model(state: ServerState, body: dict[str, Any], fallback: bool = False) -> Served:
-    name = body.get("model", "default_model")
+MAX_NAME = 1024  # characters of a model or adapter name (a repo id is at most 96 + 96)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """The model (and adapter) a request names."""
+
+    name: str = "default_model"
+    adapter: str | None = None
+
+
+def model_ref(body: dict[str, Any], default: str = "default_model") -> ModelRef:
+    name = body.get("model")
+    name = default if name is None else name
     adapter = body.get("adapters")
     if not isinstance(name, str):
         raise bad_request("model must be of type str", "model")
     if adapter is not None and not isinstance(adapter, str):
         raise bad_request("adapters must be of type str", "adapters")
+    for field_name, value in (("model", name), ("adapters", adapter or "")):
+        if len(value) > MAX_NAME or "\x00" in value:
+            raise bad_request(f"{field_name} is not a model name", field_name)
+    return ModelRef(name, adapter)
+
+
+async def load_model(state: ServerState, ref: ModelRef, fallback: bool = False) -> Served:
     try:
-        return await offload(lambda: state.provider.get(name, adapter, fallback))
+        return await offload(lambda: state.provider.get(ref.name, ref.adapter, fallback))
     except ModelLoadError as e:
         raise APIError(404, str(e), param="model", code="model_not_found") from e

@@ -26,7 +26,7 @@ from ..model import ModelLoadError, load
 from ..model.folded_attention import is_folded, is_fused
 from ..model.folded_attention import unsupported as unfoldable
 from ..model.fused_projections import stack_in_place
-from ..model.resolve import resolve_model
+from ..model.resolve import cached_repo, resolve_model
 from .budget import hold_to_budget, kv_budget_from, make_store
 
 log = logging.getLogger("mlxd.serve")
@@ -57,6 +57,12 @@ def _context_length(folder: Path) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def shown(name: str | None, most: int = 100) -> str:
+    """A request's name quoted for an error message, cut to `most` characters."""
+    text = str(name)
+    return repr(text if len(text) <= most else text[:most] + "...")
+
+
 class ModelProvider:
     def __init__(self, config: ServeConfig, max_others: int = 1) -> None:
         self.config = config.resolved()
@@ -79,9 +85,9 @@ class ModelProvider:
             config["chat_template"] = c.chat_template
         return config
 
-    def _load(self, ref: str | None, adapter: str | None) -> Served:
+    def _load(self, ref: str | None, adapter: str | None, folder: Path | None = None) -> Served:
         c = self.config
-        folder = resolve_model(ref)
+        folder = folder or resolve_model(ref)
         model, tokenizer = load(
             str(folder),
             tokenizer_config=self._tokenizer_config(),
@@ -143,7 +149,8 @@ class ModelProvider:
             if key in self._others:
                 self._others.move_to_end(key)
                 return self._others[key]
-            served = self._load(None if name in SERVED_ALIASES else name, adapter)
+            ref = None if name in SERVED_ALIASES else name
+            served = self._load(ref, adapter, self._allowed(ref, adapter))
             self._others[key] = served
             while len(self._others) > self.max_others:
                 _, old = self._others.popitem(last=False)
@@ -151,6 +158,21 @@ class ModelProvider:
                 if old.engine.sharing is not None:
                     old.engine.sharing.store.close()
             return served
+
+    def _allowed(self, ref: str | None, adapter: str | None) -> Path | None:
+        """Without --allow-model-paths a request may name only the served model, its aliases
+        and repos in the local Hugging Face cache (their folder); every other name gets the
+        same answer, whatever is on disk. With it: None, and `_load` resolves as mlx-lm does."""
+        if self.config.allow_model_paths:
+            return None
+        if adapter is not None:
+            raise ModelLoadError(f"adapter {shown(adapter)} is not served here")
+        folder = None if ref is None else cached_repo(ref)
+        if folder is None:
+            raise ModelLoadError(
+                f"model {shown(ref)} is not served here; GET /v1/models lists the models it serves"
+            )
+        return folder
 
     def loaded(self) -> list[Served]:
         return [self.default, *self._others.values()]

@@ -8,8 +8,6 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from mlxd.serve import errors as body_module
-
 MESSAGES = [{"role": "user", "content": "hi"}]
 EOS = "151645"  # Qwen3's <|im_end|>: a large bias ends generation at once
 
@@ -189,18 +187,16 @@ def declared_length_request(url: str, length: int) -> tuple[int, bytes]:
     return int(header.split()[1]), rest
 
 
-def test_declared_body_over_64mb_is_413(qwen3_server) -> None:
-    status, body = declared_length_request(qwen3_server.url, (64 << 20) + 1)
+def test_declared_body_over_the_default_8mib_is_413(qwen3_server) -> None:
+    status, body = declared_length_request(qwen3_server.url, (8 << 20) + 1)
     assert status == 413
     err = httpx.Response(413, content=body, headers={"content-type": "application/json"})
-    assert_error(err, 413, str(64 << 20))
+    assert_error(err, 413, str(8 << 20))
 
 
-def test_streamed_body_over_the_limit_is_413(qwen3_server, monkeypatch) -> None:
-    """A chunked body (no Content-Length) is counted as it arrives; the limit is lowered
-    in-process so the test does not send 64 MB."""
-    monkeypatch.setattr(body_module, "MAX_BODY_BYTES", 4096)
-    monkeypatch.setattr(body_module.read_json, "__defaults__", (4096,))  # bound at def time
+def test_streamed_body_over_the_limit_is_413(make_server) -> None:
+    """A chunked body (no Content-Length) is counted as it arrives (--max-request-bytes)."""
+    server = make_server(max_request_bytes=4096)
 
     def chunks():
         yield b'{"messages": [{"role": "user", "content": "'
@@ -208,7 +204,7 @@ def test_streamed_body_over_the_limit_is_413(qwen3_server, monkeypatch) -> None:
             yield b"x" * 1024
         yield b'"}]}'
 
-    r = httpx.post(qwen3_server.v1 + "/chat/completions", content=chunks(), timeout=30)
+    r = httpx.post(server.v1 + "/chat/completions", content=chunks(), timeout=30)
     assert_error(r, 413, "4096")
 
 

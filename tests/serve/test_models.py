@@ -26,8 +26,9 @@ def _fake_repo(root: Path, repo: str, files: tuple[str, ...]) -> None:
 
 
 def test_models_lists_served_loaded_and_cached(
-    qwen3_server, tiny_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_server, tiny_model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    qwen3_server = make_server(allow_model_paths=True)  # the request below names a path
     _fake_repo(tmp_path, "acme/chat-model", MLX_LM_FILES)
     _fake_repo(tmp_path, "acme/not-mlx", ("config.json",))
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path))
@@ -45,7 +46,8 @@ def test_models_lists_served_loaded_and_cached(
     assert httpx.get(qwen3_server.v1 + "/models/acme/absent").status_code == 404
 
 
-def test_unloadable_model_is_404_and_health_stays_ok(qwen3_server) -> None:
+def test_unloadable_model_is_404_and_health_stays_ok(make_server) -> None:
+    qwen3_server = make_server(allow_model_paths=True)
     body = {"model": "/no/such/dir", "messages": [{"role": "user", "content": "x"}]}
     r = httpx.post(qwen3_server.v1 + "/chat/completions", json=body, timeout=60)
     assert r.status_code == 404
