@@ -1,18 +1,10 @@
 """OpenAI's Responses API: `POST /v1/responses` (plain or streamed), `GET` and `DELETE
 /v1/responses/{id}`. Responses are stored (unless `store: false`) so `previous_response_id`
-continues a conversation, across restarts too. Function tools and tool_choice auto/none are
-honoured, and a `text.format` (JSON schema or object) is enforced as the row's grammar;
-`required` and named tools are a 400.
-
-Stored responses live in SQLite (`<data_dir>/responses.sqlite3`, WAL): each response's full
-input items (its history included, so a chain of `previous_response_id`s needs one read) and
-the response object. One connection behind a lock; the async methods run it off the event loop.
+continues a conversation, across restarts too (responses_store.py, bounded in count and age).
+Function tools and tool_choice auto/none are honoured, and a `text.format` (JSON schema or
+object) is enforced as the row's grammar; `required` and named tools are a 400.
 """
 
-import json
-import os
-import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,13 +13,14 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..config import private_dir
 from .app import ServerState
 from .errors import APIError, bad_request, read_json
 from .generation import Generation
-from .params import GenParams, apply_tool_choice, check, load_model, read_params
+from .limits import check_fits, message_text_bytes
+from .params import GenParams, apply_tool_choice, check, load_model, model_ref, read_params
 from .prompt import chat_prompt, normalize_messages
 from .responses_convert import chat_tools, flat_tools, input_items, new_id, to_messages
+from .responses_store import ResponseStore
 from .responses_stream import ResponseRun
 from .schemas import body_schema
 from .streaming import as_json, offload, sse_stream, until_done_or_disconnect
@@ -87,6 +80,11 @@ class ResponseRequest:
         self.tools = apply_tool_choice(self.all_tools, body.get("tool_choice"))
         _refuse_unsupported(body)
         self.params = _params(body, state.config)
+        self.model = model_ref(body)
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")
+        self.template_args = {**state.config.chat_template_args, **kwargs}
 
     async def history(self) -> list[dict[str, Any]]:
         """The previous response's input items and output items (404 when not stored)."""
@@ -142,14 +140,10 @@ async def _create(request: Request, state: ServerState, arrival: Any) -> Respons
         raise bad_request("input is required", "input")
     items = await req.history() + req.items
     messages = normalize_messages(to_messages(items, req.instructions))
-    served = await load_model(state, body)
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")
-    template_args = {**state.config.chat_template_args, **kwargs}
-    prompt = await offload(
-        lambda: chat_prompt(served.tokenizer, messages, req.tools, template_args)
-    )
+    served = await load_model(state, req.model)
+    check_fits(served, message_text_bytes(messages), "input")  # before the template (limits.py)
+    args = req.template_args
+    prompt = await offload(lambda: chat_prompt(served.tokenizer, messages, req.tools, args))
     gen = Generation(served, prompt, req.params, req.tools, state.metrics, "responses", arrival)
     await gen.start(state)
     model = body.get("model") or served.name
@@ -181,7 +175,12 @@ async def delete_response(request: Request) -> Response:
 
 
 def add_routes(app: FastAPI, state: ServerState) -> None:
-    state.store = ResponseStore(Path(state.config.data_dir) / "responses.sqlite3")
+    config = state.config
+    state.store = ResponseStore(
+        Path(config.data_dir) / "responses.sqlite3",
+        max_stored=config.responses_max_stored,
+        max_age_s=config.responses_max_age * 86400,
+    )
     app.add_api_route(
         "/v1/responses",
         create_response,
@@ -194,59 +193,3 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     app.add_api_route(path, delete_response, methods=["DELETE"], response_model=None)
     if isinstance(getattr(app.router, "on_shutdown", None), list):
         app.router.on_shutdown.append(state.store.close)
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY,
-    created_at REAL NOT NULL,
-    input TEXT NOT NULL,
-    response TEXT NOT NULL
-)
-"""
-
-
-class ResponseStore:
-    def __init__(self, path: Path) -> None:
-        private_dir(path.parent)
-        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))  # SQLite gives its WAL these
-        path.chmod(0o600)
-        self.path = path
-        self._lock = threading.Lock()
-        # Autocommit: every write is its own transaction, durable before the call returns.
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            self._db.execute(_SCHEMA)
-
-    def put(self, response_id: str, items: list[dict[str, Any]], response: dict) -> None:
-        row = (response_id, time.time(), json.dumps(items), json.dumps(response))
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", row)
-
-    def get(self, response_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-        """(input items, response object), or None when unknown."""
-        with self._lock:
-            row = self._db.execute(
-                "SELECT input, response FROM responses WHERE id = ?", (response_id,)
-            ).fetchone()
-        return None if row is None else (json.loads(row[0]), json.loads(row[1]))
-
-    def delete(self, response_id: str) -> bool:
-        with self._lock:
-            cur = self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
-        return cur.rowcount > 0
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    async def save(self, response_id: str, items: list[dict[str, Any]], response: dict) -> None:
-        await offload(lambda: self.put(response_id, items, response))
-
-    async def load(self, response_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-        return await offload(lambda: self.get(response_id))
-
-    async def remove(self, response_id: str) -> bool:
-        return await offload(lambda: self.delete(response_id))
