@@ -2,7 +2,9 @@
 worst-case KV cost, probed per model)."""
 
 import collections
+import itertools
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +16,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from ..config import EngineConfig
 from ..kv import mixed
 from .batch import batchable
+from .drain import DrainRate
 from .request import DoneEvent, GenerationRequest, RequestHandle
 
 Waiting = tuple[GenerationRequest, RequestHandle]
@@ -25,9 +28,19 @@ class Overloaded(RuntimeError):
 
 class Admission:
     def __init__(
-        self, cap: int, max_queue: int, kv_budget: int | None, model: Any, config: EngineConfig
+        self,
+        cap: int,
+        max_queue: int,
+        kv_budget: int | None,
+        model: Any,
+        config: EngineConfig,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cap, self.max_queue, self.kv_budget, self.config = cap, max_queue, kv_budget, config
+        # The running rows' handles (the scheduler hands its Rows.active over; read under the
+        # lock): rows free now are not queue places, whatever holds a wave back.
+        self.running: Callable[[], list[RequestHandle]] = list
+        self.rate = DrainRate(clock)  # when requests got rows lately (Retry-After)
         self.kv_cost = KVCost.probe(model) if kv_budget is not None else None
         self.waiting: collections.deque[Waiting] = collections.deque()
         self.wake = threading.Condition()
@@ -49,10 +62,38 @@ class Admission:
         with self.wake:
             if self.closed:
                 raise RuntimeError("engine is closed")
-            if len(self.waiting) + len(items) > self.max_queue:
+            if self._beyond_rows(items) > self.max_queue:
                 raise Overloaded(f"{len(self.waiting)} requests waiting (max_queue)")
             self.waiting.extend(items)
             self.wake.notify()
+
+    def _beyond_rows(self, items: list[Waiting]) -> int:
+        """Waiting requests, `items` last, that the free rows cannot take in FIFO order: the
+        queue max_queue bounds. A burst's first wave sits here while the join window holds it
+        (arrivals.py), though its rows are free."""
+        free = self.cap - self._rows_running()
+        beyond = 0
+        for req, _ in itertools.chain(self.waiting, items):
+            if beyond == 0 and req.n <= free:
+                free -= req.n
+            else:
+                beyond += 1
+        return beyond
+
+    def _rows_running(self) -> int:
+        for _ in range(3):
+            try:
+                return len(self.running())
+            except RuntimeError:  # the engine thread changed its rows mid-read: read again
+                continue
+        return self.cap  # unknown: no row counts as free
+
+    def drain_s(self) -> float | None:
+        """Seconds until every waiting request has a row at the recent rate (None: nobody
+        waits; inf: no request got a row lately)."""
+        with self.wake:
+            waiting = sum(req.n for req, _ in self.waiting)
+            return self.rate.seconds_for(waiting) if waiting else None
 
     def _fits(self, req: GenerationRequest, handle: RequestHandle, live: set[int]) -> bool:
         """Reserve the row's worst case if it fits beside the live rows."""
@@ -89,6 +130,7 @@ class Admission:
                 mine = [w for w in self.waiting if w[1] is only and self._fits(*w, live)]
                 for w in mine:
                     self.waiting.remove(w)
+                self.rate.admitted(sum(req.n for req, _ in mine))
                 return mine
             running = active()
             live = {id(h) for h in running}
@@ -113,6 +155,7 @@ class Admission:
                 joiners.append(self.waiting[i])
                 del self.waiting[i]
                 alone = solo
+            self.rate.admitted(sum(req.n for req, _ in joiners))
             return joiners
 
     def reserved(self, live: set[int]) -> int:

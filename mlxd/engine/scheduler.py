@@ -34,6 +34,7 @@ class Scheduler:
     ) -> None:
         self._model, self.config, self.queue, self.arrivals = model, config, queue, arrivals
         self.rows, self.sharing, self.tokenizer = rows, sharing, tokenizer
+        queue.running = rows.active  # free rows are not queue places (Admission.push)
         self._held_for: float | None = None  # the oldest waiting request of the last hold
         self._lead_seen: tuple[float, int, bool] = (0.0, -1, False)  # _leads' last answer
 

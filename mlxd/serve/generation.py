@@ -3,6 +3,7 @@ processors and stop sequences), submit it, and turn token events into per-choice
 clean text, reasoning and tool calls. Every endpoint (OpenAI, Anthropic, Responses) uses it."""
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +23,15 @@ from .streaming import offload
 from .text import ChoiceText, Delta, ForcedToolText
 
 _machines: dict[tuple[int, tuple[str, ...]], Any] = {}
+RETRY_AFTER_MAX = 60  # seconds: past this a client's own backoff knows better
+
+
+def retry_after(drain_s: float | None) -> int:
+    """Retry-After for a full queue: the seconds its waiting requests need to get rows at the
+    recent rate (Admission.drain_s), whole, within [1, RETRY_AFTER_MAX]."""
+    if drain_s is None or drain_s != drain_s:  # nobody waits now (or no rate: NaN)
+        return 1
+    return max(1, min(RETRY_AFTER_MAX, math.ceil(min(drain_s, RETRY_AFTER_MAX))))
 
 
 def text_machine(tokenizer: Any, stop: list[str]) -> Any:
@@ -104,7 +114,8 @@ class Generation:
         try:
             self.handles = await offload(submit)
         except Overloaded as e:
-            raise APIError(429, f"server busy: {e}", headers={"Retry-After": "1"}) from e
+            wait = retry_after(self.served.engine.admission.drain_s())
+            raise APIError(429, f"server busy: {e}", headers={"Retry-After": str(wait)}) from e
         except KVBudgetExceeded as e:
             raise bad_request(str(e)) from e
         except ValueError as e:

@@ -116,6 +116,25 @@ def test_a_lone_request_is_never_held(loaded, engine_of) -> None:
     assert "wave held for arrivals" not in engine.stats()["paths"]
 
 
+def test_a_held_wave_on_free_rows_is_not_a_full_queue(loaded) -> None:
+    """A burst's first wave waits in the queue while the window holds it, on rows that are
+    free: batch + max_queue requests are taken, the next one is Overloaded."""
+    from mlxd.engine import Overloaded
+
+    tok = loaded[1]
+    engine = Engine(loaded[0], batch=3, max_queue=2, arrivals=Arrivals(30.0))
+    try:
+        with engine.arrivals.coming():  # a request still on its way holds the wave
+            handles = [engine.submit(_req(tok, f"turn {i}", 4)) for i in range(3 + 2)]
+            assert engine.stats()["waiting"] == 5 and engine.stats()["active"] == 0
+            with pytest.raises(Overloaded):
+                engine.submit(_req(tok, "one too many", 4))
+        for h in handles:
+            assert len(list(h)) == 4 and h.done.reason == "length"
+    finally:
+        engine.close()
+
+
 def test_running_rows_keep_decoding_while_a_wave_is_held(loaded, engine_of) -> None:
     model, tok = loaded
     engine = engine_of(30.0)

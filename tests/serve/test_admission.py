@@ -4,16 +4,23 @@ fails at start-up, and a client that goes away frees its row."""
 
 import json
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import mlx.core as mx
 import pytest
 from serve.conftest import server_args
 
+from mlxd.config import EngineConfig
+from mlxd.engine import Overloaded
+from mlxd.engine.admission import Admission
+from mlxd.engine.request import GenerationRequest, RequestHandle
 from mlxd.model import ModelLoadError
+from mlxd.serve.generation import retry_after
 from mlxd.serve.main import make_state
 
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
@@ -69,6 +76,75 @@ def test_full_queue_is_429_with_retry_after(make_server) -> None:
     assert finish_of(a_frames) == "length" and finish_of(b_frames) == "length"
     assert sum(len(c["delta"].get("content", "")) > 0 for f in b_frames for c in f["choices"])
     wait_for(lambda: stats(live)["active"] == 0, 5, "rows still active after both finished")
+
+
+def test_retry_after_is_the_queues_drain_at_the_recent_rate() -> None:
+    """Retry-After: the seconds the waiting requests need to get rows at the rate requests got
+    rows over the last minute, whole, within [1, 60] (a fake clock: no timing)."""
+    now = [1000.0]
+    queue = Admission(2, 3, None, None, EngineConfig(), clock=lambda: now[0])
+    rows: list = []
+    queue.running = lambda: rows
+    assert queue.drain_s() is None and retry_after(queue.drain_s()) == 1  # nobody waits
+
+    def take() -> None:
+        rows.extend(h for _, h in queue.take(lambda: rows, False))
+
+    queue.push(_waiting(2))
+    take()  # two rows at t=1000
+    now[0] = 1010.0
+    queue.push(_waiting(3))  # no free row: three may wait (max_queue)
+    with pytest.raises(Overloaded):
+        queue.push(_waiting(1))
+    assert queue.drain_s() == pytest.approx(15.0)  # 3 waiting at 2 rows / 10 s
+    assert retry_after(queue.drain_s()) == 15
+    rows.pop()
+    now[0] = 1020.0
+    take()  # a third row at t=1020: 3 rows / 20 s, 2 still waiting
+    assert retry_after(queue.drain_s()) == 14  # 13.3 s, rounded up
+    now[0] = 1079.0
+    assert retry_after(queue.drain_s()) == 60  # 2 / (3 rows / 79 s) = 52.7 s: up to 60
+    now[0] = 1081.0  # the t=1000 rows are older than the minute: 1 row / 61 s
+    assert retry_after(queue.drain_s()) == 60  # 122 s: capped
+    now[0] = 1200.0  # nobody got a row in the last minute
+    assert queue.drain_s() == float("inf") and retry_after(queue.drain_s()) == 60
+    rows.clear()
+    take()  # a burst of rows at once: the rate's span is at least a second
+    queue.push(_waiting(1))
+    assert retry_after(queue.drain_s()) == 1
+
+
+def _waiting(n: int) -> list:
+    return [(GenerationRequest(prompt=mx.array([1, 2]), max_tokens=4), RequestHandle())
+            for _ in range(n)]  # fmt: skip
+
+
+def test_a_burst_of_batch_plus_max_queue_is_served(make_server) -> None:
+    """A burst's first wave waits in the queue while the join window holds it for a request
+    still on its way (here: one whose body stalls); its rows are free, so batch + max_queue
+    requests are all served and only the next one is a 429."""
+    live = make_server(batch=2, max_queue=1, join_window=2)
+    url = live.v1 + "/completions"
+    on_its_way = socket.create_connection(("127.0.0.1", int(live.url.rsplit(":", 1)[1])))
+    on_its_way.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                       b"Content-Length: 20\r\n\r\n{")  # fmt: skip
+    wait_for(lambda: live.state.provider.arrivals.pending == 1, 5, "no request on its way")
+    replies: list[httpx.Response] = []
+
+    def post(prompt: str) -> None:  # different prompts: none waits for another's prefix
+        replies.append(httpx.post(url, json={"prompt": prompt, "max_tokens": 4}, timeout=60))
+
+    burst = [threading.Thread(target=post, args=(f"turn {i}",)) for i in range(2 + 1)]
+    for t in burst:
+        t.start()
+    wait_for(lambda: stats(live)["waiting"] == 3, 10, "the burst did not queue")
+    extra = httpx.post(url, json={"prompt": "one too many", "max_tokens": 4}, timeout=30)
+    assert extra.status_code == 429, extra.text
+    on_its_way.sendall(b"}" * 19)  # its body ends (a 400): the wave goes
+    for t in burst:
+        t.join()
+    on_its_way.close()
+    assert [r.status_code for r in replies] == [200] * 3, [r.text for r in replies]
 
 
 def test_queued_client_that_leaves_frees_its_slot(make_server) -> None:
@@ -149,6 +225,31 @@ def test_stream_disconnect_cancels_the_row(qwen3_server) -> None:
     wait_for(lambda: stats(qwen3_server)["active"] == 0, 5, "the row outlived its client")
 
 
+ROUTES = [
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2000}),
+    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 2000}),
+    ("/v1/messages", {"model": "m", "messages": MESSAGES, "max_tokens": 2000}),
+    ("/v1/responses", {"input": "Tell me a story.", "max_output_tokens": 2000}),
+]
+ROUTE_IDS = ["chat", "completions", "messages", "responses"]
+
+
+@pytest.mark.parametrize("path, body", ROUTES, ids=ROUTE_IDS)
+def test_a_hung_up_stream_ends_its_row_quietly(qwen3_server, caplog, path: str, body) -> None:
+    body = {**body, "logit_bias": NO_EOS, "stream": True}
+    with caplog.at_level("ERROR"):
+        with httpx.stream("POST", qwen3_server.url + path, json=body, timeout=60) as r:
+            assert r.status_code == 200
+            frames = (x for x in r.iter_lines() if x.startswith("data: "))
+            for _ in range(4):
+                next(frames)
+            assert stats(qwen3_server)["active"] == 1
+        wait_for(lambda: stats(qwen3_server)["active"] == 0, 5, "the row outlived its client")
+        time.sleep(0.3)  # the stream's generator closes after the cancel
+    errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert errors == [], [r.getMessage() for r in errors]
+
+
 def test_non_streaming_client_timeout_cancels_the_row(qwen3_server) -> None:
     body = {"messages": MESSAGES, "max_tokens": 2000, "logit_bias": NO_EOS}
     outcome: list[BaseException] = []
@@ -167,19 +268,11 @@ def test_non_streaming_client_timeout_cancels_the_row(qwen3_server) -> None:
     wait_for(lambda: stats(qwen3_server)["active"] == 0, 5, "the row outlived its client")
 
 
-@pytest.mark.parametrize(
-    "path, body",
-    [
-        ("/v1/messages", {"model": "m", "messages": MESSAGES, "max_tokens": 2000}),
-        ("/v1/responses", {"input": "Tell me a story.", "max_output_tokens": 2000}),
-    ],
-    ids=["messages", "responses"],
-)
-def test_a_hung_up_anthropic_or_responses_request_ends_quietly(
-    qwen3_server, caplog, path: str, body: dict
-) -> None:
-    """A non-streaming Messages or Responses request whose client hangs up: its row is
-    cancelled and nothing is logged as an unhandled error (the 499 was once wrapped in JSON)."""
+@pytest.mark.parametrize("path, body", ROUTES, ids=ROUTE_IDS)
+def test_a_hung_up_request_ends_quietly(qwen3_server, caplog, path: str, body: dict) -> None:
+    """A non-streaming request whose client hangs up, on every route: its row is cancelled
+    and nothing is logged as an unhandled error (Messages' and Responses' 499 was once
+    wrapped in JSON)."""
     body = {**body, "temperature": 0}
     outcome: list[str] = []
     impatient = threading.Thread(target=_hang_up, args=(qwen3_server.url + path, body, outcome))
