@@ -497,7 +497,8 @@ class ServeConfig:
     )  # fmt: skip
     max_queue: int = flag(256,
         "--max-queue", group=ENGINE, parse=int, engine="max_queue",
-        help="requests that may wait for a row; beyond it: 429 with Retry-After (default: 256)",
+        help="requests that may wait beyond the rows free now; past it: 429 with Retry-After, "
+        "the queue's expected drain (default: 256)",
     )  # fmt: skip
     kv_budget: int | None = flag(None,
         "--kv-budget", group=ENGINE, parse=_parse_size, engine="kv_budget",
