@@ -1,6 +1,7 @@
-"""Admission and overload: a full queue is a 429 with Retry-After, budgets and the context
-length refuse what can never fit (400 naming the limit), a memory budget below the weights
-fails at start-up, and a client that goes away frees its row."""
+"""Admission and overload: a full queue is a 429 with Retry-After (the queue's drain), a
+burst of batch + max_queue is served, budgets and the context length refuse what can never
+fit (400 naming the limit), a memory budget below the weights fails at start-up, and a client
+that goes away, on any route, frees its row quietly."""
 
 import json
 import shutil
@@ -216,15 +217,6 @@ def test_prompt_longer_than_the_context_is_400(make_server, small_context_model:
     shutil.rmtree(small_context_model)
 
 
-def test_stream_disconnect_cancels_the_row(qwen3_server) -> None:
-    body = {"messages": MESSAGES, "max_tokens": 2000, "logit_bias": NO_EOS, "stream": True}
-    with httpx.stream("POST", qwen3_server.v1 + "/chat/completions", json=body, timeout=60) as r:
-        frames = (x for x in r.iter_lines() if x.startswith("data: "))
-        next(frames), next(frames)
-        assert stats(qwen3_server)["active"] == 1
-    wait_for(lambda: stats(qwen3_server)["active"] == 0, 5, "the row outlived its client")
-
-
 ROUTES = [
     ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2000}),
     ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 2000}),
@@ -248,24 +240,6 @@ def test_a_hung_up_stream_ends_its_row_quietly(qwen3_server, caplog, path: str, 
         time.sleep(0.3)  # the stream's generator closes after the cancel
     errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     assert errors == [], [r.getMessage() for r in errors]
-
-
-def test_non_streaming_client_timeout_cancels_the_row(qwen3_server) -> None:
-    body = {"messages": MESSAGES, "max_tokens": 2000, "logit_bias": NO_EOS}
-    outcome: list[BaseException] = []
-
-    def impatient() -> None:
-        try:
-            httpx.post(qwen3_server.v1 + "/chat/completions", json=body, timeout=1.5)
-        except httpx.TimeoutException as e:
-            outcome.append(e)
-
-    client = threading.Thread(target=impatient)
-    client.start()
-    wait_for(lambda: stats(qwen3_server)["active"] == 1, 5, "the request never started")
-    client.join()
-    assert outcome, "the 2000-token request finished within 1.5 s: nothing was cancelled"
-    wait_for(lambda: stats(qwen3_server)["active"] == 0, 5, "the row outlived its client")
 
 
 @pytest.mark.parametrize("path, body", ROUTES, ids=ROUTE_IDS)
