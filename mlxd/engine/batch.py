@@ -20,7 +20,9 @@ from ..kv.batch_quantized import mergeable
 from ..model.folded_attention import for_mode
 from ..store.layers import clone
 from . import instrument as parts
+from .culprits import Guarded, guard_processors, guard_sampler
 from .decode_step import BiasedGenerationBatch
+from .generator import RowsGenerator
 from .kernel_window import StepClock
 from .output import RowOutput
 from .overlap import StepEncoder, StepPhases, stream
@@ -113,7 +115,7 @@ class BatchedRows:
         self.sharing = sharing
         self.fmt = fmt  # the KV format of every row's caches (None: unquantized)
         model = for_mode(model, config.attention)
-        self.gen = BatchGenerator(
+        self.gen = RowsGenerator(
             model,
             completion_batch_size=config.completion_batch,
             prefill_batch_size=config.prefill_batch,
@@ -128,6 +130,9 @@ class BatchedRows:
             self.gen, model, default_on() if on is None else on
         )
         self.rows: dict[int, BatchedRow] = {}
+        self.decode.failed = self.failed = self.gen.failed  # rows that failed alone this turn
+        self.errored = False  # a row ended with an error (the engine then clears MLX's buffers)
+        self._samplers: dict[int, Guarded] = {}  # a caller's sampler, guarded once (culprits.py)
         self.wave = (config.prefill_batch, config.prefill_tokens)  # floor, token budget
         self.clears = config.clear_cache
         self.decode.phases = phases
@@ -171,11 +176,10 @@ class BatchedRows:
             max_tokens=[r.req.max_tokens - len(r.generated) for r in rows],
             caches=caches,
             all_tokens=histories,
-            samplers=[r.sampler() for r in rows],
-            logits_processors=[
-                r.processors if r.processors is not None else (r.req.logits_processors or [])
-                for r in rows
+            samplers=[
+                guard_sampler(r.sampler(), self._samplers, self.failed, self.rows) for r in rows
             ],
+            logits_processors=[guard_processors(r, self.failed) for r in rows],
             stop_sequences=[r.out.stops for r in rows],
         )
         for uid, row in zip(uids, rows, strict=True):
@@ -269,21 +273,40 @@ class BatchedRows:
         if self.sharing is not None:
             self._snapshots(prompt_responses)
         events: list[tuple[RequestHandle, TokenEvent | DoneEvent]] = []
+        failed = dict(self.failed)  # rows whose own input, processor or sampler raised
+        self.failed.clear()
         reads = self.decode.current_read
         for r in responses:
+            if failed and r.uid in failed:
+                continue  # its token is not handed over (as a serial row's would not be)
             row = self.rows[r.uid]
-            row.generated.append(r.token)
-            event, reason = row.out.token(r.token, r.logprobs, reads.get(r.uid))
-            event.finish = reason = reason or r.finish_reason
-            events.append((row.handle, event))
-            if reason is not None:
+            try:  # its text, stop check or logprob figures raising end this row only
+                row.generated.append(r.token)
+                event, reason = row.out.token(r.token, r.logprobs, reads.get(r.uid))
+                event.finish = reason = reason or r.finish_reason
+                if reason is None:
+                    events.append((row.handle, event))
+                    continue
                 done = row.out.done(reason)
                 if row.req.return_prompt_cache:
                     done.prompt_cache = r.prompt_cache
                 self._finished(row, r)
-                events.append((row.handle, done))
+                events += [(row.handle, event), (row.handle, done)]
                 del self.rows[r.uid]
+            except Exception as e:  # noqa: BLE001 - see above
+                failed[r.uid] = e
+        if failed:
+            self._end(failed, events)
         return events
+
+    def _end(self, failed: dict[int, BaseException], events: list[tuple[Any, Any]]) -> None:
+        """Rows that failed alone leave the batch (unless mlx-lm let them go) with their error."""
+        for uid, e in failed.items():
+            if (row := self.rows.get(uid)) is not None:
+                log.warning("a batched row failed and ends alone: %r", e)
+                self.remove(row)
+                events.append((row.handle, row.out.done("error", e)))
+                self.errored = True
 
     def discard(self) -> None:
         """Close a batch whose rows were ended elsewhere (a failed turn, shutdown)."""

@@ -58,6 +58,8 @@ class BiasedGenerationBatch(GenerationBatch):
     encoder: StepEncoder | None = None  # reads and queues the steps on its thread (overlap.py)
     thread_rows = THREAD_ROWS  # the encoder's floor (fewer rows: pipelined, here)
     _hot = False  # the last step was queued here and the rows have not changed since
+    before: list[Any] | None = None  # each layer's offset before the step running now
+    failed: list[tuple[int, BaseException]]  # rows whose grammar failed (uid, error): batch.py
     # mlx-lm's next() prefills a joiner's chunk on this thread right after this step: the
     # encoder's queue must be done first (BatchedRows.step)
     settle_after = False
@@ -78,8 +80,10 @@ class BiasedGenerationBatch(GenerationBatch):
         return batch
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
-        before = step_offsets.offsets(self.prompt_cache)
+        # kept while the step runs: a step that raises is undone from it (generator.py)
+        self.before = before = step_offsets.offsets(self.prompt_cache)
         out = self._processed_step()
+        self.before = None
         step_offsets.share(self.prompt_cache, before)  # one offset add next step, not one a layer
         return out
 
@@ -220,13 +224,17 @@ class BiasedGenerationBatch(GenerationBatch):
         masks at once (llguidance fills rows in parallel, without the GIL)."""
         from ..constrain.batch import BatchMasker
 
-        tokens = inputs.tolist()  # the previous step's samples: waits for them, not this forward
-        for e, g in enumerate(grammars):
-            if g is not None:
-                g.advance(tokens[e])
         if self._masker is None:
             vocab = next(g for g in grammars if g is not None).matcher.vocab
             self._masker = BatchMasker(vocab)
+        tokens = inputs.tolist()  # the previous step's samples: waits for them, not this forward
+        for e, g in enumerate(grammars):
+            try:
+                if g is not None:
+                    g.advance(tokens[e])
+            except Exception as err:  # noqa: BLE001 - its row ends, unmasked until then
+                self.failed.append((self.uids[e], err))
+                grammars[e] = None
         return self._masker.fill([g.matcher if g is not None else None for g in grammars])
 
     def _scatter(self, biases: list[Any]) -> tuple[mx.array, mx.array, mx.array]:

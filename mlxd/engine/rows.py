@@ -281,10 +281,16 @@ class Rows:
             batch.remove(row)  # its cache is not kept: extracting it would cost a copy
             row.handle.put(row.out.done("cancelled"))
         try:
-            return batch.step() if len(batch) else []
-        except Exception as e:  # noqa: BLE001 - a failed step ends the rows in it, not the engine
+            events = batch.step() if len(batch) else []
+            if batch.errored:  # a row failed alone (generator.py): its buffers go too
+                batch.errored, self._clear_due = False, True
+            return events
+        except Exception as e:  # noqa: BLE001 - a failed step no row's input explains ends them all
             log.exception("batched step failed; its rows end with the error")
-            events = [(r.handle, r.out.done("error", e)) for r in batch.rows.values()]
+            own = dict(batch.failed)  # rows found failing alone before it: their own error
+            batch.failed.clear()
+            events = [(r.handle, r.out.done("error", own.get(uid, e)))
+                      for uid, r in batch.rows.items()]  # fmt: skip
             batch.rows.clear()
             self._clear_due = True  # once the failed batch has closed
             return events

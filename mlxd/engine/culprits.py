@@ -1,0 +1,132 @@
+"""Whose failure it is: a batched step that raised is put back as it was, each row's forward is
+run alone to find the rows whose own input raises, and the caller's callables (a logits
+processor, a sampler) are guarded so that their exception marks only the rows holding them.
+
+Nothing here runs while the steps succeed. A failed decode step is undone from what the step
+already kept (each layer's offset object before it, decode_step.py): a full-attention batch
+layer (bf16 or quantized) advances by rebinding `offset` and counting `_idx`, and its in-place
+KV write lands past the restored `_idx`, where the next step writes again. Other layers
+(sliding windows, recurrent state) change in place, so their batches end every row as before.
+A prefill call is heavy, so its layers' attributes are saved before it (generator.py).
+"""
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, CacheList, make_prompt_cache
+from mlx_lm.sample_utils import greedy_sampler
+
+from ..constrain.processor import GrammarLogitsProcessor
+from ..kv.batch_quantized import BatchQuantizedKVCache
+from ..kv.batch_roll import RollingBatchKVCache
+from .sampling import KeyedSampler, LogitBias, ParamSampler, Penalty
+
+# Batch layers whose decode step `undo_step` can take back (see the module doc).
+UNDOABLE = (BatchKVCache, RollingBatchKVCache, BatchQuantizedKVCache)
+
+Failed = list[tuple[int, BaseException]]  # (uid, the error that ends that row)
+
+
+def undo_step(caches: list[Any], before: list[Any] | None) -> bool:
+    """Take back a one-token step that raised: each layer that advanced gets its offset object
+    from before the step and one column less. False when a layer cannot be taken back."""
+    if before is None or any(type(c) not in UNDOABLE for c in caches):
+        return False
+    for cache, was in zip(caches, before, strict=True):
+        if cache.offset is not was:
+            cache.offset, cache._idx = was, cache._idx - 1
+    return True
+
+
+def save(batch: Any) -> tuple[list[list[tuple[Any, dict]]], list[int]]:
+    """A prompt batch's layers' attributes and each row's token count, before a prefill call."""
+    return [_fields(c) for c in batch.prompt_cache], [len(t) for t in batch.tokens]
+
+
+def restore(batch: Any, saved: tuple[list[list[tuple[Any, dict]]], list[int]]) -> None:
+    layers, lengths = saved
+    for fields in layers:
+        for cache, attrs in fields:
+            vars(cache).clear()
+            vars(cache).update(attrs)
+    for tokens, n in zip(batch.tokens, lengths, strict=True):
+        del tokens[n:]
+
+
+def _fields(cache: Any) -> list[tuple[Any, dict]]:
+    attrs = {k: _kept(v) for k, v in vars(cache).items()}
+    subs = cache.caches if isinstance(cache, CacheList) else ()
+    return [(cache, attrs), *(f for sub in subs for f in _fields(sub))]
+
+
+def _kept(value: Any) -> Any:
+    """Small arrays as new references (`left_padding += pad` rewrites the array in place);
+    the KV buffers as they are (a second reference would make MLX copy them on the next write)."""
+    if isinstance(value, mx.array) and value.ndim <= 1:
+        return copy.copy(value)
+    if isinstance(value, list):
+        return [_kept(v) for v in value]
+    return value
+
+
+def probe(model: Any, caches: list[Any], inputs: list[Any]) -> dict[int, BaseException]:
+    """Row i's forward alone on a copy of its caches, fed `inputs[i]`: the rows that raise."""
+    bad: dict[int, BaseException] = {}
+    for i, x in enumerate(inputs):
+        try:
+            cache = [c.extract(i) for c in caches]
+        except Exception:  # noqa: BLE001 - an empty batch layer holds nothing to take
+            cache = make_prompt_cache(model)
+        try:
+            mx.eval(model(mx.array(x)[None], cache=cache))
+        except Exception as e:  # noqa: BLE001 - this row's own input raises
+            bad[i] = e
+    return bad
+
+
+class Guarded:
+    """A caller's logits processor or sampler in a batch: when it raises, the rows that hold it
+    (`owners()`, their uids) are marked failed and the step goes on with `fallback`'s output
+    for them (the rows end after the step, without its token)."""
+
+    def __init__(
+        self, inner: Callable, failed: Failed, owners: Callable[[], list[int]], fallback: Callable
+    ) -> None:
+        self.inner, self.failed, self.owners, self.fallback = inner, failed, owners, fallback
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            return self.inner(*args)
+        except Exception as e:  # noqa: BLE001 - the rows holding it end, not the batch
+            self.failed += [(uid, e) for uid in self.owners()]
+            return self.fallback(*args)
+
+
+def _unprocessed(_tokens: Any, logits: mx.array) -> mx.array:
+    return logits
+
+
+def _greedy(logprobs: mx.array) -> mx.array:
+    return mx.argmax(logprobs, axis=-1)
+
+
+def guard_processors(row: Any, failed: Failed) -> list[Any]:
+    """A batched row's logits processors; a caller's own raises for this row only. The
+    batched step's own kinds stay as they are (it applies them to all rows at once)."""
+    procs = row.processors if row.processors is not None else (row.req.logits_processors or [])
+    ours = (LogitBias, Penalty, GrammarLogitsProcessor, Guarded)
+    return [p if isinstance(p, ours) else Guarded(p, failed, lambda: [row.uid], _unprocessed)
+            for p in procs]  # fmt: skip
+
+
+def guard_sampler(sampler: Any, memo: dict[int, Guarded], failed: Failed, rows: dict) -> Any:
+    """A caller's sampler raises for the rows holding it (`rows`: the batch's, by uid); rows
+    that share one keep sharing one guard, which mlx-lm samples in one call."""
+    if sampler in (None, greedy_sampler) or isinstance(sampler, (KeyedSampler, ParamSampler)):
+        return sampler  # mlx-lm's greedy or one built from parameters
+    if (guard := memo.get(id(sampler))) is None:
+        owners = lambda: [u for u, r in rows.items() if r.req.sampler is sampler]  # noqa: E731
+        guard = memo[id(sampler)] = Guarded(sampler, failed, owners, _greedy)
+    return guard
