@@ -11,6 +11,7 @@ A prefill call is heavy, so its layers' attributes are saved before it (generato
 """
 
 import copy
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -79,11 +80,18 @@ def probe(model: Any, caches: list[Any], inputs: list[Any]) -> dict[int, BaseExc
             cache = [c.extract(i) for c in caches]
         except Exception:  # noqa: BLE001 - an empty batch layer holds nothing to take
             cache = make_prompt_cache(model)
-        try:
-            mx.eval(model(mx.array(x)[None], cache=cache))
-        except Exception as e:  # noqa: BLE001 - this row's own input raises
-            bad[i] = e
+        if (error := _raised(model, mx.array(x)[None], cache)) is not None:
+            traceback.clear_frames(error.__traceback__)  # the row's error keeps no cache alive
+            bad[i] = error
     return bad
+
+
+def _raised(model: Any, x: mx.array, cache: list[Any]) -> BaseException | None:
+    try:
+        mx.eval(model(x, cache=cache))
+    except Exception as e:  # noqa: BLE001 - this row's own input raises
+        return e
+    return None
 
 
 class Guarded:

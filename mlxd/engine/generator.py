@@ -74,12 +74,13 @@ class RowsGenerator(BatchGenerator):
             prompt_responses.append(response)
         self._counters.prompt_tokens += sum(len(p) for p in prompts)
         tic = time.perf_counter()
-        uids = list(self._prompt_batch.uids)
-        kept, _ = self._isolated(self._prompt_batch, prompts, self._prompt_batch.prompt)
-        if len(kept) < len(uids):
-            self._currently_processing = [self._currently_processing[i] for i in kept]
-            gone = set(uids) - {uids[i] for i in kept}
-            prompt_responses = [r for r in prompt_responses if r.uid not in gone]
+        if prompts:  # mlx-lm's prompt() of no rows does nothing
+            uids = list(self._prompt_batch.uids)
+            kept, _ = self._isolated(self._prompt_batch, prompts, self._prompt_batch.prompt)
+            if len(kept) < len(uids):
+                self._currently_processing = [self._currently_processing[i] for i in kept]
+                gone = set(uids) - {uids[i] for i in kept}
+                prompt_responses = [r for r in prompt_responses if r.uid not in gone]
         self._counters.prompt_time += time.perf_counter() - tic
         return prompt_responses, generation_responses
 
@@ -108,8 +109,6 @@ class RowsGenerator(BatchGenerator):
         """`run(inputs)` on a prompt batch; when it raises, the batch as before it, and again
         without the rows whose own input raises. (indices of `inputs` kept, what `run` gave;
         None when no row is left)."""
-        if not inputs:
-            return [], run(inputs)  # no prefill this turn: nothing to save
         kept = list(range(len(inputs)))
         while kept:
             saved = culprits.save(batch)
