@@ -133,9 +133,9 @@ class Guarded:
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
-        if self.cycle is None or self.cycle.response_complete:
-            self.idle_since = time.monotonic()  # keep-alive: uvicorn's idle timer runs now
-            self._disarm()
+        self._disarm()  # idle: uvicorn's keep-alive timer runs now; or a pipelined request's
+        idle = self.cycle is None or self.cycle.response_complete
+        self.idle_since = time.monotonic() if idle else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

@@ -83,7 +83,13 @@ def test_a_stalled_head_or_body_is_408_and_closed(serve, caplog, http: str) -> N
     body = b'{"messages": [{"role": "user", "content": "hi"}]'
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n"
     stalled_body = live.open(head + body)
-    replies = [read_all(s, 5) for s in (silent, half, drip)]
+    kept = live.open(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b"}"):
+        answer += kept.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    kept.sendall(b"GET /health HTT")  # a keep-alive connection's next head stalls too
+    replies = [read_all(s, 5) for s in (silent, half, drip, kept)]
     assert time.monotonic() - t0 < 2.5  # closed at the deadline, not by the client
     for reply in replies:
         assert reply.startswith(b"HTTP/1.1 408 "), reply
