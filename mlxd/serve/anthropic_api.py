@@ -25,6 +25,7 @@ from .app import ServerState
 from .errors import bad_request, read_json
 from .generation import Generation
 from .limits import check_fits, message_text_bytes
+from .openapi import operation
 from .params import GenParams, load_model, model_ref
 from .prompt import Prompt
 from .provider import Served
@@ -90,10 +91,11 @@ async def count_tokens(request: Request) -> Response:
 
 
 def add_routes(app: FastAPI) -> None:
-    for path, endpoint, name in (
-        ("/v1/messages", messages, "messages"),
-        ("/v1/messages/count_tokens", count_tokens, "count_tokens"),
+    for path, endpoint, name, stream in (
+        ("/v1/messages", messages, "messages", True),
+        ("/v1/messages/count_tokens", count_tokens, "count_tokens", False),
     ):
+        extra = {**body_schema(name), **operation(path, name, stream)}
         app.add_api_route(
-            path, endpoint, methods=["POST"], openapi_extra=body_schema(name), response_model=None
+            path, endpoint, methods=["POST"], openapi_extra=extra, response_model=None
         )

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from ..config import ServeConfig
 from .errors import APIError, anthropic_body, error_response, is_anthropic_path, openai_body
 from .limits import ReleaseAfterLargeBodies
+from .openapi import operation
 from .provider import ModelProvider
 from .schemas import body_schema
 from .streaming import offload
@@ -65,12 +66,17 @@ def build_app(state: ServerState) -> FastAPI:
         ("/chat/completions", openai_api.chat_completions, "chat"),
         ("/v1/completions", openai_api.completions, "completions"),
     ):
+        extra = {**body_schema(schema), **operation(path, schema, stream=True)}
         app.add_api_route(
-            path, endpoint, methods=["POST"], openapi_extra=body_schema(schema), response_model=None
+            path, endpoint, methods=["POST"], openapi_extra=extra, response_model=None
         )
-    app.add_api_route("/v1/models", list_models, methods=["GET"])
-    app.add_api_route("/v1/models/{model_id:path}", get_model, methods=["GET"])
-    app.add_api_route("/health", health, methods=["GET"])
+    for path, endpoint, ok, params in (
+        ("/v1/models", list_models, "models", {}),
+        ("/v1/models/{model_id:path}", get_model, "model", {"model_id": "A model's id"}),
+        ("/health", health, "health", {}),
+    ):
+        extra = operation(path, ok, **params)
+        app.add_api_route(path, endpoint, methods=["GET"], openapi_extra=extra)
     anthropic_api.add_routes(app)
     responses_api.add_routes(app, state)
     metrics.add_routes(app)
@@ -82,7 +88,8 @@ def build_app(state: ServerState) -> FastAPI:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         message = "Not Found" if exc.status_code == 404 else str(exc.detail)
-        return error_response(APIError(exc.status_code, message), request.url.path)
+        headers = dict(exc.headers or {})  # a 405's Allow header lists the methods the path takes
+        return error_response(APIError(exc.status_code, message, headers=headers), request.url.path)
 
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception) -> Response:

@@ -17,6 +17,7 @@ from .app import ServerState
 from .errors import APIError, bad_request, read_json
 from .generation import Generation
 from .limits import check_fits, message_text_bytes
+from .openapi import operation
 from .params import GenParams, apply_tool_choice, check, load_model, model_ref, read_params
 from .prompt import chat_prompt, normalize_messages
 from .responses_convert import chat_tools, flat_tools, input_items, new_id, to_messages
@@ -181,15 +182,15 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         max_stored=config.responses_max_stored,
         max_age_s=config.responses_max_age * 86400,
     )
-    app.add_api_route(
-        "/v1/responses",
-        create_response,
-        methods=["POST"],
-        openapi_extra=body_schema("responses"),
-        response_model=None,
-    )
-    path = "/v1/responses/{response_id}"
-    app.add_api_route(path, get_response, methods=["GET"], response_model=None)
-    app.add_api_route(path, delete_response, methods=["DELETE"], response_model=None)
+    create = {**body_schema("responses"), **operation("/v1/responses", "responses", True)}
+    app.add_api_route("/v1/responses", create_response, methods=["POST"], openapi_extra=create,
+                      response_model=None)  # fmt: skip
+    path, about = "/v1/responses/{response_id}", "The id of a stored response"
+    for method, endpoint, ok in (("GET", get_response, "responses"),
+                                 ("DELETE", delete_response, "deleted")):  # fmt: skip
+        extra = operation(path, ok, response_id=about)
+        app.add_api_route(
+            path, endpoint, methods=[method], openapi_extra=extra, response_model=None
+        )
     if isinstance(getattr(app.router, "on_shutdown", None), list):
         app.router.on_shutdown.append(state.store.close)
