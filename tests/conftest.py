@@ -5,6 +5,7 @@ Both are built once per machine into the fixture cache (``$MLXD_TEST_CACHE`` or
 so that test modules which need neither pay nothing for them.
 """
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from fixtures import model_fixtures
 from fixtures.tiny_models import ARCHS
+from hypothesis import settings
 
 # The tokenizer and tiny-model fixtures, shared with bench/probes/tests.
 qwen3_tokenizer_dir = model_fixtures.qwen3_tokenizer_dir
@@ -54,3 +56,9 @@ def tiny_lm(tiny_model: Callable[..., Path]) -> Callable[[str], Any]:
         return loaded[arch]
 
     return get
+
+
+# Hypothesis profiles. `HYPOTHESIS_PROFILE=deep` runs the hostile fuzz (tests/fuzz) at ~50x its
+# CI size with new cases each run; unset, every test keeps its own bounded settings.
+settings.register_profile("deep", max_examples=1500, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

@@ -1,0 +1,75 @@
+"""What every answer to a hostile request must be: never a 5xx, every 4xx JSON in its API's
+error shape (OpenAI's `{"error": {message, type, param, code}}`; Anthropic's
+`{"type": "error", "error": {type, message}}` on /v1/messages*), and no stream that carries an
+error frame (a failure the status line hid)."""
+
+import json
+from typing import Any
+
+
+def is_anthropic(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def error_shape_problem(path: str, body: Any) -> str | None:
+    """Why `body` is not an error in `path`'s API shape, or None."""
+    if is_anthropic(path):
+        ok = (
+            isinstance(body, dict)
+            and body.get("type") == "error"
+            and isinstance(body.get("error"), dict)
+            and set(body["error"]) == {"type", "message"}
+            and isinstance(body["error"]["type"], str)
+        )
+        message = body["error"]["message"] if ok else None
+    else:
+        err = body.get("error") if isinstance(body, dict) else None
+        ok = isinstance(err, dict) and {"message", "type", "param", "code"} <= set(err)
+        message = err["message"] if ok else None
+    if not ok:
+        return "not an error in the API's shape"
+    if not isinstance(message, str) or not message:
+        return "an error without a message"
+    return None
+
+
+def stream_problem(text: str) -> str | None:
+    """An error frame in a 200 stream (OpenAI's error data, Anthropic's error event, a failed
+    Response), or a stream that did not finish."""
+    for line in text.splitlines():
+        if line in ("event: error", "event: response.failed"):
+            return f"the stream carries an error frame ({line})"
+        if line.startswith("data: {"):
+            data = json.loads(line[6:])
+            failed = data.get("type") in ("error", "response.failed")
+            if failed or isinstance(data.get("error"), dict):
+                return "the stream carries an error frame"
+    done = ("data: [DONE]", "event: message_stop", "event: response.completed",
+            "event: response.incomplete")  # fmt: skip
+    if not any(mark in text for mark in done):
+        return "the stream did not finish"
+    return None
+
+
+def problem(path: str, status: int, content_type: str, text: str) -> str | None:
+    """Why this answer to a hostile request to `path` is wrong, or None."""
+    if status >= 500 and not (path == "/health" and status == 503):
+        return f"{status}"
+    if 400 <= status < 500:
+        if not content_type.startswith("application/json"):
+            return f"a {status} that is not JSON ({content_type})"
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return f"a {status} whose body is not JSON"
+        why = error_shape_problem(path, body)
+        return f"a {status}: {why}" if why else None
+    if content_type.startswith("text/event-stream"):
+        return stream_problem(text)
+    return None
+
+
+def describe(method: str, path: str, body: Any, status: int | str, text: str) -> str:
+    """One line that reproduces the case: the request as sent, and the answer's start."""
+    sent = "" if body is None else json.dumps(body)[:600]
+    return f"{method} {path} {sent} -> {status}: {text[:400]}"
