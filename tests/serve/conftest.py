@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,6 @@ import pytest
 
 def server_args(**overrides: Any) -> Any:
     """`mlxd serve`'s config with no flags, then `overrides` (ServeConfig fields)."""
-    from dataclasses import replace
-
     from mlxd.cli.serve import parse_config
 
     return replace(parse_config([]), **overrides)
@@ -61,17 +59,14 @@ class LiveServer:
 
 
 def start_server(**overrides: Any) -> LiveServer:
-    import uvicorn
-
     from mlxd.serve.app import build_app
-    from mlxd.serve.main import make_state
+    from mlxd.serve.main import http_server, make_state
 
     port = free_port()
     args = server_args(port=port, **overrides)
     state = make_state(args)
-    app = build_app(state)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
+    # the server `mlxd serve` runs, its deadlines and connection cap included
+    server = http_server(build_app(state), replace(args, host="127.0.0.1", log_level="WARNING"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 60

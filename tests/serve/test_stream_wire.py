@@ -112,14 +112,21 @@ def test_serve_passes_the_loop_and_the_http_parser_to_uvicorn(
     from mlxd.cli.serve import parse_config
     from mlxd.serve.main import serve
 
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
+    seen: list[Any] = []
+
+    def run(server: Any) -> None:  # instead of listening: what it was configured with
+        seen.append(server.config)
+        server.started = True
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     config = parse_config(
         ["--model", str(qwen3_model_dir), "--data-dir", str(tmp_path), "--loop", loop,
          "--http", http]
     )  # fmt: skip
     serve(config)
-    assert (seen["loop"], seen["http"]) == (loop, http)
+    assert seen[0].loop == loop
+    parser = seen[0].http  # the parser's protocol class, behind the head deadline's mixin
+    assert ("H11" if http == "h11" else "HttpTools") in "".join(c.__name__ for c in parser.__mro__)
 
 
 def test_frames_are_json_dumps_bytes_without_ascii_escapes() -> None:
