@@ -79,6 +79,8 @@ def serve(config: ServeConfig) -> None:
     log.info("serving %s on http://%s:%d", state.provider.default.name, config.host, config.port)
     try:
         server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it stopped on, as uvicorn.run
+        pass  # swallows it: Ctrl-C is a clean exit (status 0)
     finally:
         state.provider.close()
     if not server.started:  # as uvicorn.run: the app's start-up failed
