@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .anthropic_messages import convert_messages
-from .errors import bad_request
+from .errors import INT64, bad_request
 from .params import NUM, GenParams, check
 from .prompt import Prompt, chat_prompt
 
@@ -171,7 +171,9 @@ def stop_sequences(value: Any) -> list[str]:
 
 def integer(value: Any) -> Any:
     """An integral float (`5.0`) as the int it is (JSON Schema and Anthropic accept it)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+    if isinstance(value, float) and value.is_integer() and -INT64 <= value < INT64:
+        return int(value)
+    return value  # 1e19 stays a float: refused as not an integer, never past 64 bits
 
 
 def read_params(body: dict[str, Any], defaults: Any) -> GenParams:

@@ -42,6 +42,7 @@ class GenParams:
 NUM = (int, float)
 MAX_STOP = 64  # stop strings a request may give (OpenAI takes 4; each is checked per token)
 INT32 = 2**31 - 1  # MLX slices take 32-bit indices
+F32_MAX = 3.4028234663852886e38  # the largest float32
 
 
 def check(
@@ -59,6 +60,8 @@ def check(
         raise bad_request(f"{name} must be of type {names}", name)
     if isinstance(value, float) and not math.isfinite(value):
         raise bad_request(f"{name} must be a finite number", name)
+    if float in kinds and abs(value) > F32_MAX:  # MLX samples in float32: it would be inf
+        raise bad_request(f"{name} must be within ±{F32_MAX:.4g} (a 32-bit float)", name)
     if value in allow:
         return value
     if lo is not None and value < lo:
@@ -88,8 +91,8 @@ def logit_bias(value: Any) -> dict[int, float] | None:
         bias = {int(k): float(v) for k, v in value.items()}
     except (TypeError, ValueError, OverflowError) as e:
         raise bad_request("logit_bias must be a dict of int to float", "logit_bias") from e
-    if not all(math.isfinite(v) for v in bias.values()):
-        raise bad_request("logit_bias values must be finite numbers", "logit_bias")
+    if not all(math.isfinite(v) and abs(v) <= F32_MAX for v in bias.values()):
+        raise bad_request("logit_bias values must be finite 32-bit floats", "logit_bias")
     return bias
 
 

@@ -10,6 +10,7 @@ import pytest
 
 M = [{"role": "user", "content": "hi"}]
 BIG = 2**63  # one past int64: MLX raised std::bad_cast
+MAX_DOUBLE = 1.7976931348623157e308  # finite in JSON, inf as MLX's float32
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -36,6 +37,10 @@ def openai_error(r: httpx.Response, status: int, param: str, *words: str) -> Non
         ({"seed": BIG}, 400, "seed", ["out of range"]),
         ({"top_p": float("nan")}, 400, "top_p", ["not a finite number"]),
         ({"presence_penalty": float("inf")}, 400, "presence_penalty", ["not a finite number"]),
+        # float32's inf in the sampler: two sampled rows with top_p crashed the process
+        ({"temperature": MAX_DOUBLE, "top_p": 0.9, "n": 2}, 400, "temperature", ["32-bit"]),
+        ({"repetition_penalty": 1e39}, 400, "repetition_penalty", ["32-bit"]),
+        ({"logit_bias": {"1": 1e39}}, 400, "logit_bias", ["32-bit"]),
         ({"model": "~nosuchuser"}, 404, "model", ["not served here"]),
         ({"model": "a" * 300}, 404, "model", ["not served here"]),
         ({"model": "\ud800"}, 400, "model", ["lone surrogate"]),
@@ -49,6 +54,7 @@ def openai_error(r: httpx.Response, status: int, param: str, *words: str) -> Non
          "messages", ["tool_calls must be a list"]),
     ],
     ids=["temperature", "repetition_penalty", "top_k", "max_tokens", "seed", "nan", "inf",
+         "temperature-f32", "repetition-f32", "logit-bias-f32",
          "model-tilde",
          "model-long", "model-surrogate", "adapters", "stop", "content", "key", "tool_calls"],
 )  # fmt: skip
@@ -84,8 +90,12 @@ def test_completion_prompts(qwen3_server, prompt, place) -> None:
 
 @pytest.mark.parametrize(
     "fields, words",
-    [({"model": "\ud800"}, "lone surrogate"), ({"temperature": BIG}, "out of range")],
-    ids=["model", "temperature"],
+    [
+        ({"model": "\ud800"}, "lone surrogate"),
+        ({"temperature": BIG}, "out of range"),
+        ({"max_tokens": 1e19}, "max_tokens must be of type int"),
+    ],
+    ids=["model", "temperature", "float-max-tokens-past-64-bits"],
 )
 def test_messages_in_anthropics_shape(qwen3_server, fields, words) -> None:
     body = {"model": "x", "max_tokens": 2, "messages": M, **fields}
