@@ -105,12 +105,25 @@ def test_the_fuzz_is_not_blind(fuzz_server, monkeypatch) -> None:
         fuzz(fuzz_server.url, route, 60)
 
 
+def _nest(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 # Cases the fuzz found that still fail: each stays here, failing, until its handler is fixed.
 FOUND = [
     # /v1/messages turns an integral float into an int before the 64-bit check, so
     # max_tokens 1e19 (or 2.14e301) becomes an unbounded budget: no answer within the deadline.
     pytest.param("/v1/messages", {"model": "m", "max_tokens": 1e19, "messages": [
         {"role": "user", "content": "hi"}]}, id="messages-float-max-tokens"),
+    # A list nested 900 deep in a message (any key) passes the body's depth check, then a
+    # recursive copy of the messages raises RecursionError: a 500.
+    pytest.param("/v1/chat/completions", {"max_tokens": 2, "messages": [
+        {"role": "user", "content": "hi", "x": _nest(900)}]}, id="chat-deep-message"),
+    pytest.param("/v1/responses", {"max_output_tokens": 2, "input": [
+        {"role": "user", "content": "hi", "x": _nest(900)}]}, id="responses-deep-item"),
 ]  # fmt: skip
 
 
