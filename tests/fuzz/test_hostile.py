@@ -112,10 +112,10 @@ def _nest(depth: int) -> Any:
     return value
 
 
-# Cases the fuzz found that still fail: each stays here, failing, until its handler is fixed.
+# Cases the fuzz found, each kept as a test: it fails until its handler is fixed.
 FOUND = [
-    # /v1/messages turns an integral float into an int before the 64-bit check, so
-    # max_tokens 1e19 (or 2.14e301) becomes an unbounded budget: no answer within the deadline.
+    # /v1/messages once turned an integral float into an int past the 64-bit check, so
+    # max_tokens 1e19 (or 2.14e301) was an unbounded budget: no answer within the deadline.
     pytest.param("/v1/messages", {"model": "m", "max_tokens": 1e19, "messages": [
         {"role": "user", "content": "hi"}]}, id="messages-float-max-tokens"),
     # A list nested 900 deep in a message (any key) passes the body's depth check, then a
