@@ -89,15 +89,18 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 
 INT64 = 1 << 63  # MLX and the samplers take 64-bit integers at most
+MAX_DEPTH = 100  # a JSON schema nests a few dozen levels; copies and templates recurse per level
 
 
 def check_values(body: dict[str, Any]) -> None:
     """Every string valid UTF-8 (JSON's `\\ud800` escapes decode to lone surrogates, which no
-    tokenizer or response can encode), every integer within 64 bits and every float finite
-    (json.loads takes NaN and Infinity): else a 400 naming where."""
-    stack: list[tuple[str, Any]] = [("", body)]
+    tokenizer or response can encode), every integer within 64 bits, every float finite
+    (json.loads takes NaN and Infinity), nesting within MAX_DEPTH: else a 400 naming where."""
+    stack: list[tuple[str, Any, int]] = [("", body, 0)]
     while stack:
-        where, value = stack.pop()
+        where, value, depth = stack.pop()
+        if depth > MAX_DEPTH and isinstance(value, (dict, list)):
+            raise bad_request(f"{where}: nested deeper than {MAX_DEPTH} levels", _field(where))
         if isinstance(value, str):
             _check_text(value, where)
         elif isinstance(value, bool):
@@ -109,9 +112,9 @@ def check_values(body: dict[str, Any]) -> None:
         elif isinstance(value, dict):
             for k, v in value.items():
                 _check_text(k, where or "body")  # a key is checked before it names a place
-                stack.append((f"{where}.{k}" if where else k, v))
+                stack.append((f"{where}.{k}" if where else k, v, depth + 1))
         elif isinstance(value, list):
-            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+            stack.extend((f"{where}[{i}]", v, depth + 1) for i, v in enumerate(value))
 
 
 def _check_text(text: str, where: str) -> None:

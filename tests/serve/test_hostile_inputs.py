@@ -114,3 +114,21 @@ def test_a_name_anthropic_falls_back_from_is_served(qwen3_server) -> None:
 def test_the_server_still_serves(qwen3_server) -> None:
     r = post(qwen3_server.url, "/v1/chat/completions", {"messages": M, "max_tokens": 2})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "path, body, param",
+    [("/v1/chat/completions", {"messages": [{"role": "user", "content": _nested(900)}]},
+      "messages"),
+     ("/v1/responses", {"input": [{"role": "user", "content": _nested(900)}]}, "input")],
+    ids=["chat", "responses"],
+)  # fmt: skip
+def test_nesting_no_field_needs_is_400_not_a_recursion_error(qwen3_server, path, body, param):
+    openai_error(post(qwen3_server.url, path, body), 400, param, "nested deeper than 100")
