@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                "rss_mb_after": round(after, 1), "wall_s": round(wall, 1)}  # fmt: skip
     print(json.dumps(summary, indent=1))
     for line in t.failures[:40] + t.unanswered[:20]:
-        print("FAIL", line)
+        print("FAIL", line[:600])  # whole in --json
     if a.json:
         a.json.write_text(json.dumps({**summary, "cases": t.failures + t.unanswered}, indent=1))
     return 0 if not (fives or t.unanswered or t.failures) and still == 200 else 1

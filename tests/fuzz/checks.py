@@ -71,5 +71,5 @@ def problem(path: str, status: int, content_type: str, text: str) -> str | None:
 
 def describe(method: str, path: str, body: Any, status: int | str, text: str) -> str:
     """One line that reproduces the case: the request as sent, and the answer's start."""
-    sent = "" if body is None else json.dumps(body)[:600]
+    sent = "" if body is None else json.dumps(body)[:200_000]  # whole, to replay it
     return f"{method} {path} {sent} -> {status}: {text[:400]}"
