@@ -44,7 +44,7 @@ class ServerState:
     config: ServeConfig
     provider: ModelProvider
     metrics: Any = None  # metrics.Metrics
-    store: Any = None  # responses_api.ResponseStore
+    store: Any = None  # responses_store.ResponseStore
     started: float = field(default_factory=time.time)
     fingerprint: str = field(default_factory=system_fingerprint)
 
