@@ -7,6 +7,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 M = [{"role": "user", "content": "hi"}]
 BIG = 2**63  # one past int64: MLX raised std::bad_cast
@@ -132,3 +134,23 @@ def _nested(depth: int) -> list:
 )  # fmt: skip
 def test_nesting_no_field_needs_is_400_not_a_recursion_error(qwen3_server, path, body, param):
     openai_error(post(qwen3_server.url, path, body), 400, param, "nested deeper than 100")
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    prefill=st.text(max_size=12) | st.sampled_from(["END", " ", "Sure", "a\n", "\u00e9"]),
+    stops=st.lists(st.text(min_size=1, max_size=4) | st.just("END"), min_size=1, max_size=3),
+)
+def test_an_anthropic_prefill_streams_with_stop_sequences(qwen3_server, prefill, stops) -> None:
+    """Once a 500: an assistant prefill, streamed, with stop sequences. Every such request is
+    a 200 whose events end with message_stop (or a 400 naming the field), never an error."""
+    body = {"model": "m", "max_tokens": 3, "stream": True, "stop_sequences": stops,
+            "messages": [*M, {"role": "assistant", "content": prefill}]}  # fmt: skip
+    r = post(qwen3_server.url, "/v1/messages", body)
+    assert r.status_code in (200, 400), r.text
+    if r.status_code == 200:
+        assert "event: error" not in r.text and "event: message_stop" in r.text, r.text
+    else:
+        assert r.json()["type"] == "error", r.text
