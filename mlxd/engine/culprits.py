@@ -2,12 +2,15 @@
 run alone to find the rows whose own input raises, and the caller's callables (a logits
 processor, a sampler) are guarded so that their exception marks only the rows holding them.
 
-Nothing here runs while the steps succeed. A failed decode step is undone from what the step
-already kept (each layer's offset object before it, decode_step.py): a full-attention batch
-layer (bf16 or quantized) advances by rebinding `offset` and counting `_idx`, and its in-place
-KV write lands past the restored `_idx`, where the next step writes again. Other layers
-(sliding windows, recurrent state) change in place, so their batches end every row as before.
-A prefill call is heavy, so its layers' attributes are saved before it (generator.py).
+Little here runs while the steps succeed. A failed decode step is undone from what the step
+already kept (decode_step.py). A full-attention batch layer (bf16 or quantized) keeps only its
+offset object: it advances by rebinding `offset` and counting `_idx`, and its in-place KV write
+lands past the restored `_idx`, where the next step writes again. A sliding-window layer (a
+ring, bf16 or quantized) or a recurrent one changes in place, so its attributes are kept
+(`keep`: references, new ones for what it rewrites in place): the ring's write
+lands in the slot the re-run writes first, and a recurrent layer replaces its state arrays.
+A layer of any other kind makes a failed step end every row. A prefill call is heavy, so its
+layers' attributes are saved before it (generator.py).
 """
 
 import copy
@@ -16,27 +19,76 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, CacheList, make_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    BatchKVCache,
+    BatchRotatingKVCache,
+    CacheList,
+    make_prompt_cache,
+)
 from mlx_lm.sample_utils import greedy_sampler
 
 from ..constrain.processor import GrammarLogitsProcessor
 from ..kv.batch_quantized import BatchQuantizedKVCache
 from ..kv.batch_roll import RollingBatchKVCache
+from ..kv.batch_rotating_quantized import BatchRotatingQuantizedKVCache
 from .sampling import KeyedSampler, LogitBias, ParamSampler, Penalty
 
-# Batch layers whose decode step `undo_step` can take back (see the module doc).
+# Batch layers whose decode step `undo_step` takes back from their offset (see the module doc).
 UNDOABLE = (BatchKVCache, RollingBatchKVCache, BatchQuantizedKVCache)
+# Batch layers whose decode step changes them in place: their attributes are kept before it,
+# with new objects for those the step rewrites in place (`left_padding -= 1` on a rotated
+# ring, `cache[i] = state` on ArraysCache's list); the step rebinds the others.
+KEPT: dict[type, tuple[str, ...]] = {
+    BatchRotatingKVCache: ("left_padding",),
+    BatchRotatingQuantizedKVCache: ("left_padding",),
+    ArraysCache: ("cache", "left_padding", "lengths"),
+}
 
 Failed = list[tuple[int, BaseException]]  # (uid, the error that ends that row)
+Fields = list[tuple[Any, dict[str, Any]]]  # caches (a CacheList's too) and their attributes
+Kept = dict[int, Fields]  # layer index -> its caches' attributes before the step
 
 
-def undo_step(caches: list[Any], before: list[Any] | None) -> bool:
+def kept_layers(caches: list[Any]) -> list[int]:
+    """The layers `keep` keeps before each decode step: none for full-attention models."""
+    return [i for i, c in enumerate(caches) if type(c) not in UNDOABLE and _keepable(c)]
+
+
+def _keepable(cache: Any) -> bool:
+    if type(cache) is CacheList:
+        return all(type(c) in UNDOABLE or _keepable(c) for c in cache.caches)
+    return type(cache) in KEPT
+
+
+def keep(caches: list[Any], layers: list[int]) -> Kept:
+    """Layers `layers`' attributes before a decode step, for `undo_step`."""
+    return {i: _leaves(caches[i]) for i in layers}
+
+
+def _leaves(cache: Any) -> Fields:
+    if type(cache) is CacheList:
+        return [f for c in cache.caches for f in _leaves(c)]
+    attrs = vars(cache).copy()
+    for k in KEPT.get(type(cache), ()):  # a CacheList's full-attention part: none
+        if (v := attrs[k]) is not None:
+            attrs[k] = copy.copy(v)  # a new object sharing the data: no copy of it
+    return [(cache, attrs)]
+
+
+def undo_step(caches: list[Any], before: list[Any] | None, kept: Kept | None = None) -> bool:
     """Take back a one-token step that raised: each layer that advanced gets its offset object
-    from before the step and one column less. False when a layer cannot be taken back."""
-    if before is None or any(type(c) not in UNDOABLE for c in caches):
+    from before the step and one column less, each kept layer its attributes. False when a
+    layer cannot be taken back."""
+    kept = kept or {}
+    if before is None or any(
+        type(c) not in UNDOABLE and i not in kept for i, c in enumerate(caches)
+    ):
         return False
-    for cache, was in zip(caches, before, strict=True):
-        if cache.offset is not was:
+    for i, (cache, was) in enumerate(zip(caches, before, strict=True)):
+        if i in kept:
+            _put_back(kept[i])
+        elif cache.offset is not was:
             cache.offset, cache._idx = was, cache._idx - 1
     return True
 
@@ -49,11 +101,15 @@ def save(batch: Any) -> tuple[list[list[tuple[Any, dict]]], list[int]]:
 def restore(batch: Any, saved: tuple[list[list[tuple[Any, dict]]], list[int]]) -> None:
     layers, lengths = saved
     for fields in layers:
-        for cache, attrs in fields:
-            vars(cache).clear()
-            vars(cache).update(attrs)
+        _put_back(fields)
     for tokens, n in zip(batch.tokens, lengths, strict=True):
         del tokens[n:]
+
+
+def _put_back(fields: Fields) -> None:
+    for cache, attrs in fields:
+        vars(cache).clear()
+        vars(cache).update(attrs)
 
 
 def _fields(cache: Any) -> list[tuple[Any, dict]]:

@@ -25,6 +25,7 @@ from ..config import THREAD_ROWS
 from ..constrain.mask import apply_bitmask
 from ..constrain.processor import GrammarLogitsProcessor
 from ..kv import step_offsets
+from . import culprits
 from . import overlap as step_order
 from .kernel_window import StepClock
 from .output import Readout
@@ -59,6 +60,10 @@ class BiasedGenerationBatch(GenerationBatch):
     thread_rows = THREAD_ROWS  # the encoder's floor (fewer rows: pipelined, here)
     _hot = False  # the last step was queued here and the rows have not changed since
     before: list[Any] | None = None  # each layer's offset before the step running now
+    # the layers a step changes in place (sliding windows, recurrent state; none for most
+    # models), sorted again when the rows change, and their attributes before the step
+    _kept_layers: list[int] | None = None
+    kept: culprits.Kept | None = None
     failed: list[tuple[int, BaseException]]  # rows whose grammar failed (uid, error): batch.py
     # mlx-lm's next() prefills a joiner's chunk on this thread right after this step: the
     # encoder's queue must be done first (BatchedRows.step)
@@ -82,8 +87,12 @@ class BiasedGenerationBatch(GenerationBatch):
     def _step(self) -> tuple[list[int], list[mx.array]]:
         # kept while the step runs: a step that raises is undone from it (generator.py)
         self.before = before = step_offsets.offsets(self.prompt_cache)
+        if (layers := self._kept_layers) is None:
+            layers = self._kept_layers = culprits.kept_layers(self.prompt_cache)
+        if layers:
+            self.kept = culprits.keep(self.prompt_cache, layers)
         out = self._processed_step()
-        self.before = None
+        self.before = self.kept = None
         step_offsets.share(self.prompt_cache, before)  # one offset add next step, not one a layer
         return out
 
@@ -191,12 +200,12 @@ class BiasedGenerationBatch(GenerationBatch):
     # (a joiner's arrays may wait on this thread's own stream).
     def filter(self, keep: list[int]) -> None:
         self.settle()
-        self._hot = False
+        self._hot, self._kept_layers = False, None
         super().filter(keep)
 
     def extend(self, batch: Any) -> None:
         self.settle()
-        self._hot = False
+        self._hot, self._kept_layers = False, None
         super().extend(batch)
 
     def extract_cache(self, idx: int) -> list[Any]:

@@ -93,10 +93,10 @@ class RowsGenerator(BatchGenerator):
             try:
                 return batch.next()
             except Exception:
-                if not culprits.undo_step(batch.prompt_cache, batch.before):
+                before, kept, batch.before, batch.kept = batch.before, batch.kept, None, None
+                if not culprits.undo_step(batch.prompt_cache, before, kept):
                     raise
                 batch._next_tokens, batch._next_logprobs, batch._next_read = registers
-                batch.before = None
                 batch.settle()
                 inputs = [batch._next_tokens[i : i + 1] for i in range(len(batch))]
                 bad = culprits.probe(batch.model, batch.prompt_cache, inputs)

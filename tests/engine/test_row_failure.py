@@ -34,25 +34,38 @@ def model(tiny_model: Callable[..., Path]):
 
 
 @contextmanager
-def poisoned(model: Any, batches_fail: bool = False) -> Iterator[None]:
+def poisoned(model: Any, batches_fail: bool = False, late: bool = False) -> Iterator[None]:
     """The model's forward raises when BAD is in its input (`batches_fail`: also on any input
-    of more than one row, which no row alone reproduces, as running out of memory would)."""
-    emb = model.model.embed_tokens
-    clean = type(emb)
+    of more than one row, which no row alone reproduces, as running out of memory would;
+    `late`: at its final norm, after every layer's cache took the step)."""
+    inner = model.model
+    emb = inner.embed_tokens
+    norm = inner.norm if hasattr(inner, "norm") else inner.embedding_norm  # lfm2's final norm
+    clean, clean_norm = type(emb), type(norm)
+    fed = [False]  # BAD is in the input of the forward running now
 
     class Poisoned(clean):  # type: ignore[misc, valid-type]
         def __call__(self, x: mx.array) -> mx.array:
-            if BAD in x.flatten().tolist():
+            fed[0] = BAD in x.flatten().tolist()
+            if fed[0] and not late:
                 raise RuntimeError("a poisoned input")
             if batches_fail and x.shape[0] > 1:
                 raise RuntimeError("the batch as such")
             return super().__call__(x)
 
+    class PoisonedNorm(clean_norm):  # type: ignore[misc, valid-type]
+        def __call__(self, x: mx.array) -> mx.array:
+            if fed[0]:
+                raise RuntimeError("a poisoned input")
+            return super().__call__(x)
+
     emb.__class__ = Poisoned
+    if late:
+        norm.__class__ = PoisonedNorm
     try:
         yield
     finally:
-        emb.__class__ = clean
+        emb.__class__, norm.__class__ = clean, clean_norm
 
 
 def _run(model: Any, reqs: list[GenerationRequest]) -> list[Result]:
@@ -77,18 +90,21 @@ def _run(model: Any, reqs: list[GenerationRequest]) -> list[Result]:
         engine.close()
 
 
-def _clean() -> list[GenerationRequest]:
-    return [GenerationRequest(prompt=mx.array(p), max_tokens=N) for p in CLEAN]
+def _clean(n: int = N, prompts: list[list[int]] = CLEAN) -> list[GenerationRequest]:
+    return [GenerationRequest(prompt=mx.array(p), max_tokens=n) for p in prompts]
 
 
 def _survivors_equal_the_run_without(model: Any, got: list[Result]) -> None:
-    want = _run(model, _clean())
+    _survivors_equal(got, _run(model, _clean()))
+
+
+def _survivors_equal(got: list[Result], want: list[Result], n: int = N) -> None:
     assert all(BAD not in tokens for tokens, *_ in want)  # BAD poisons the bad row only
     for (tokens, logprobs, reason, _), (w_tokens, w_logprobs, w_reason, _) in zip(
         got, want, strict=True
     ):
         assert (reason, tokens) == (w_reason, w_tokens) == ("length", w_tokens)
-        assert len(w_tokens) == N
+        assert len(w_tokens) == n
         assert all(np.array_equal(a, b) for a, b in zip(logprobs, w_logprobs, strict=True))
 
 
@@ -103,15 +119,17 @@ def _forced_from_call(n: int) -> Callable[[mx.array, mx.array], mx.array]:
     return force
 
 
-def _bad_request(where: str) -> GenerationRequest:
+def _bad_request(where: str, n: int = N, later: int = 3) -> GenerationRequest:
     prompt = {"in its prompt": [5, 6, BAD, 8, 9], "its last prompt token": [5, 6, 7, 8, BAD]}
     if where in prompt:
-        return GenerationRequest(prompt=mx.array(prompt[where]), max_tokens=N)
+        return GenerationRequest(prompt=mx.array(prompt[where]), max_tokens=n)
     if where == "sampled first":  # the request's logit bias: fed at its first decode step
         bias = SamplingParams(logit_bias={BAD: 1e4})
-        return GenerationRequest(prompt=mx.array([5, 6, 7, 8, 9]), max_tokens=N, sampling=bias)
+        return GenerationRequest(prompt=mx.array([5, 6, 7, 8, 9]), max_tokens=n, sampling=bias)
     return GenerationRequest(  # after it streamed tokens, in mlx-lm's step (a caller's processor)
-        prompt=mx.array([5, 6, 7, 8, 9]), max_tokens=N, logits_processors=[_forced_from_call(3)]
+        prompt=mx.array([5, 6, 7, 8, 9]),
+        max_tokens=n,
+        logits_processors=[_forced_from_call(later)],
     )
 
 
@@ -127,6 +145,49 @@ def test_a_row_whose_input_raises_ends_alone(model, where: str) -> None:
     assert reason == "error" and "a poisoned input" in str(error)
     assert BAD not in tokens and len(tokens) == (2 if where == "sampled later" else 0)
     _survivors_equal_the_run_without(model, survivors)
+
+
+# Prompts of 3, 7 and 5 tokens: the short row's ring holds 4 slots of left padding. The later
+# row fails at the 18th column, past the tiny models' 16-token window: gemma3's rings have
+# rotated and are still overwriting that padding (its count moving at each step).
+RING_CLEAN = [[1, 2, 3], [10, 20, 30, 40, 50, 60, 70], [7, 8, 9, 10, 11]]
+RING_N, RING_LATER = 20, 11
+# gemma3's rings bf16 and 8-bit (quantized from the first token), lfm2's conv state
+STATEFUL = {"gemma3": {}, "gemma3 kv8": {"kv_bits": 8, "kv_group_size": 32}, "lfm2": {}}
+
+
+@pytest.fixture(scope="module", params=list(STATEFUL))
+def stateful(request: pytest.FixtureRequest, tiny_model: Callable[..., Path]):
+    """(a model whose layers a decode step changes in place, its requests' KV fields)."""
+    from mlx_lm import load
+
+    kv = STATEFUL[request.param]
+    if kv:
+        kv = {**kv, "quantized_kv_start": 0, "quantize_windows": True}
+    return load(str(tiny_model(request.param.split()[0])))[0], kv
+
+
+def _with_kv(reqs: list[GenerationRequest], kv: dict[str, Any]) -> list[GenerationRequest]:
+    for r in reqs:
+        for k, v in kv.items():
+            setattr(r, k, v)
+    return reqs
+
+
+@pytest.mark.parametrize("where", ["sampled first", "sampled later"])
+def test_a_row_failing_in_a_decode_step_of_rings_or_state_ends_alone(stateful, where: str) -> None:
+    """The failed step is undone after every layer took it (a ring's slot written and its
+    padding moved, a recurrent state replaced): the other rows finish with the bits of the
+    run without the bad row."""
+    model, kv = stateful
+    bad = _bad_request(where, RING_N, RING_LATER)
+    with poisoned(model, late=True):
+        got = _run(model, _with_kv([*_clean(RING_N, RING_CLEAN), bad], kv))
+    *survivors, (tokens, _, reason, error) = got
+    assert reason == "error" and "a poisoned input" in str(error)
+    assert len(tokens) == (RING_LATER - 1 if where == "sampled later" else 0)
+    want = _run(model, _with_kv(_clean(RING_N, RING_CLEAN), kv))
+    _survivors_equal(survivors, want, RING_N)
 
 
 class _Detokenizer:
