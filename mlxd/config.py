@@ -589,6 +589,13 @@ class ServeConfig:
         help="a request body that makes no progress this long is answered 408 and its "
         "connection closed (default: 60)",
     )  # fmt: skip
+    request_timeout: float = flag(0.0,
+        "--request-timeout", group=SERVER, parse=float, metavar="SECONDS",
+        help="a request still running this long after it was submitted ends there: with the "
+        "tokens it has, as if max_tokens were reached (finish_reason length, as llama.cpp's "
+        "t_max_predict_ms), or, before its first token, a 429 with Retry-After; for servers "
+        "untrusted clients reach (default: 0, no limit)",
+    )  # fmt: skip
     max_connections: int = flag(512,
         "--max-connections", group=SERVER, parse=int,
         help="open connections at most (fewer when the file-descriptor limit leaves less "
@@ -622,6 +629,7 @@ class ServeConfig:
             ("responses_max_age", 0 <= self.responses_max_age < float("inf")),
             ("header_timeout", self.header_timeout > 0),
             ("body_timeout", self.body_timeout > 0),
+            ("request_timeout", 0 <= self.request_timeout < float("inf")),
             ("max_connections", self.max_connections >= 1),
             ("switch_interval", self.switch_interval in (None, "engine")
              or isinstance(self.switch_interval, float) and self.switch_interval > 0),

@@ -22,7 +22,7 @@ from .anthropic_convert import (
 )
 from .anthropic_stream import StopWords, error_event, events, fold
 from .app import ServerState
-from .errors import bad_request, read_json
+from .errors import APIError, bad_request, read_json
 from .generation import Generation
 from .limits import check_fits, message_text_bytes
 from .openapi import operation
@@ -78,6 +78,9 @@ async def _frames(reply: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[
         try:
             async for event in reply:
                 yield sse_event(event["type"], event)
+        except APIError as e:  # a refusal once the status line is out (--request-timeout)
+            log.warning("a stream ended with %d: %s", e.status, e)
+            yield sse_event("error", error_event(e))
         except Exception as e:  # noqa: BLE001 - the status line is gone: Anthropic's error event
             log.exception("a stream failed after its status line: error event sent")
             yield sse_event("error", error_event(e))

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+from .errors import APIError, anthropic_body
 from .generation import Generation
 from .text import Delta, ToolCall
 
@@ -174,7 +175,11 @@ async def events(
     stop_reason, stop_sequence = STOP_REASONS.get(finish, "end_turn"), None
     if finish == "stop" and (stop_sequence := stops.matched(token_ids)) is not None:
         stop_reason = "stop_sequence"
-    elif finish == "length" and gen.usage.completion_tokens < gen.params.max_tokens:
+    elif (
+        finish == "length"
+        and gen.usage.completion_tokens < gen.params.max_tokens
+        and not gen.timed_out
+    ):
         stop_reason = "model_context_window_exceeded"  # max_tokens was cut to what fits
     yield {
         "type": "message_delta",
@@ -185,6 +190,9 @@ async def events(
 
 
 def error_event(exc: BaseException) -> dict[str, Any]:
+    """Anthropic's error event: an APIError keeps its own type (rate_limit_error for a 429)."""
+    if isinstance(exc, APIError):
+        return anthropic_body(exc)
     return {"type": "error", "error": {"type": "api_error", "message": f"{exc}"}}
 
 

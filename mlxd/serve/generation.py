@@ -44,6 +44,10 @@ def text_machine(tokenizer: Any, stop: list[str]) -> Any:
     return _machines[key]
 
 
+class TimedOut(Exception):
+    """The request's --request-timeout passed while its rows ran or waited."""
+
+
 @dataclass
 class TokenInfo:
     id: int
@@ -93,6 +97,9 @@ class Generation:
         self.gaps: list[float] = []
         self._last_at: float | None = None
         self.finish_reasons: list[str] = []
+        self.deadline: float | None = None  # the event loop's time when --request-timeout ends it
+        self.timeout = 0.0
+        self.timed_out = False  # a row ended at the deadline (its "length" is not max_tokens')
 
     async def start(self, state: ServerState) -> None:
         """Submit (with the server's `state`: its config and KV scheme); refusals become API
@@ -111,6 +118,8 @@ class Generation:
                     self.arrival.release()
 
         self.submitted_at = time.perf_counter()
+        if timeout := state.config.request_timeout:
+            self.timeout, self.deadline = timeout, asyncio.get_running_loop().time() + timeout
         try:
             self.handles = await offload(submit)
         except Overloaded as e:
@@ -143,30 +152,63 @@ class Generation:
         text = self._choice(index)
         last = None  # the finishing token (its text holds the detokenizer's final flush)
         count = 0
-        async for ev in handle:
-            self._stamp()
-            count += 1
-            info = TokenInfo(ev.token, ev.logprob, ev.top_logprobs)
-            if ev.finish is not None:  # sent now, not after the row's cache is stored
-                last = ev
-                yield Chunk(index, text.feed(ev.text, ev.finish), [info], False,
-                            text.finish_reason(ev.finish))  # fmt: skip
-                continue
-            delta = text.feed(ev.text, None)
-            if text.stopped:  # a stop word appeared in the text: the row ends here
-                handle.cancel()
-                self.usage.completion_tokens += count
-                self.usage.cached_tokens = max(self.usage.cached_tokens, handle.cached_tokens)
-                self.finish_reasons.append("stop")
-                yield Chunk(index, delta, [info], False, text.finish_reason("stop"))
+        try:
+            async for ev in self._until_deadline(handle):
+                self._stamp()
+                count += 1
+                info = TokenInfo(ev.token, ev.logprob, ev.top_logprobs)
+                if ev.finish is not None:  # sent now, not after the row's cache is stored
+                    last = ev
+                    yield Chunk(index, text.feed(ev.text, ev.finish), [info], False,
+                                text.finish_reason(ev.finish))  # fmt: skip
+                    continue
+                delta = text.feed(ev.text, None)
+                if text.stopped:  # a stop word appeared in the text: the row ends here
+                    handle.cancel()
+                    self.usage.completion_tokens += count
+                    self.usage.cached_tokens = max(self.usage.cached_tokens, handle.cached_tokens)
+                    self.finish_reasons.append("stop")
+                    yield Chunk(index, delta, [info], False, text.finish_reason("stop"))
+                    return
+                yield Chunk(index, delta, [info], text.in_tool)
+        except TimedOut:  # --request-timeout: the row ends now, as if max_tokens were reached
+            handle.cancel()
+            self.timed_out = True
+            self.usage.completion_tokens += count
+            self.usage.cached_tokens = max(self.usage.cached_tokens, handle.cached_tokens)
+            if last is not None:  # its last token is sent already: only its DoneEvent was late
+                self.finish_reasons.append(last.finish)
                 return
-            yield Chunk(index, delta, [info], text.in_tool)
+            if self.ttft_s is None:  # nothing to send: the client may try again later
+                wait = retry_after(self.served.engine.admission.drain_s())
+                message = f"server busy: no token within --request-timeout ({self.timeout:g} s)"
+                raise APIError(429, message, headers={"Retry-After": str(wait)}) from None
+            self.finish_reasons.append("length")
+            yield Chunk(index, text.feed("", "length"), [], False, text.finish_reason("length"))
+            return
         done = handle.done
         self.usage.completion_tokens += done.completion_tokens
         self.usage.cached_tokens = max(self.usage.cached_tokens, handle.cached_tokens)
         self.finish_reasons.append(done.reason)
         if last is None and done.reason in ("stop", "length"):
             yield Chunk(index, text.feed(done.text, done.reason), [], False, done.reason)
+
+    async def _until_deadline(self, handle: RequestHandle) -> AsyncIterator[Any]:
+        """`handle`'s token events; TimedOut once the request's deadline has passed."""
+        if self.deadline is None:
+            async for ev in handle:
+                yield ev
+            return
+        events = aiter(handle)
+        while True:
+            try:
+                async with asyncio.timeout_at(self.deadline):
+                    ev = await anext(events)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise TimedOut from None
+            yield ev
 
     def _ended_normally(self) -> bool:
         reasons = self.finish_reasons

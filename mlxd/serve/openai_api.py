@@ -141,6 +141,10 @@ class Completion:
             try:
                 async for frame in frames:
                     yield frame
+            except APIError as e:  # a refusal once the status line is out (--request-timeout)
+                log.warning("a stream ended with %d: %s", e.status, e)
+                yield sse_data(openai_body(e))
+                yield "data: [DONE]\n\n"
             except Exception as e:  # noqa: BLE001 - the status line is gone: an error frame
                 log.exception("a stream failed after its status line: error frame sent")
                 yield sse_data(openai_body(APIError(500, f"{e}")))

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import APIError, openai_body
 from .generation import Chunk, Generation
 from .responses_convert import (
     function_call_item,
@@ -182,8 +183,12 @@ class ResponseRun:
                     yield frame(name, payload)
             response = await self._save()
         except Exception as e:  # noqa: BLE001 - headers are sent; the stream reports it
-            log.exception("response %s failed", self.head["id"])
-            error = {"code": "server_error", "message": f"{type(e).__name__}: {e}"}
+            if isinstance(e, APIError):  # a refusal (--request-timeout), not a bug
+                log.warning("response %s ended with %d: %s", self.head["id"], e.status, e)
+                error = {"code": openai_body(e)["error"]["type"], "message": e.message}
+            else:
+                log.exception("response %s failed", self.head["id"])
+                error = {"code": "server_error", "message": f"{type(e).__name__}: {e}"}
             failed = response_object(self.head, "failed", self.builder.output, None, error)
             yield frame("response.failed", {"response": failed})
             return
