@@ -5,8 +5,13 @@ import from `mlx_lm`, and `load` also takes GGUF files and `None` (the embedded 
 `Engine(model, config=EngineConfig(...))` is the server's engine for a program of its own.
 """
 
-from .config import EngineConfig
-from .engine import (
+# First, before anything imports mlx: an optimized BLAS for MLX's Linux CPU backend (blas.py).
+from .blas import blas_in_use, preload
+
+preload()
+
+from .config import EngineConfig  # noqa: E402
+from .engine import (  # noqa: E402
     Engine,
     GenerationRequest,
     SamplingParams,
@@ -14,7 +19,7 @@ from .engine import (
     generate,
     stream_generate,
 )
-from .model import ModelLoadError, load
+from .model import ModelLoadError, load  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
@@ -24,6 +29,7 @@ __all__ = [
     "ModelLoadError",
     "SamplingParams",
     "batch_generate",
+    "blas_in_use",
     "generate",
     "load",
     "stream_generate",
