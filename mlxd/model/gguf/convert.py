@@ -1,7 +1,7 @@
-"""Orchestration: hash → cached folder or convert into a temp folder → atomic rename."""
+"""Orchestration: identity (stat record, else hash) → cached folder or convert into a temp
+folder → atomic rename."""
 
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -11,34 +11,18 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from tqdm import tqdm
 
 from ...config import mlxd_home
 from ..errors import ModelLoadError
-from .arch import Arch, get_arch
+from . import identity
+from .arch import ARCHS, Arch, get_arch
 from .reader import read_gguf
 from .weights import write_model
 
 CONVERTER_VERSION = 1  # bump when the output changes, so stale cached folders are redone
 MARKER = "mlxd_gguf.json"  # written last: its presence (and content) means "complete"
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-CHUNK = 1 << 20
 STALE_SECONDS = 24 * 3600  # a temp folder this old belongs to no running conversion
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    size = path.stat().st_size
-    with (
-        open(path, "rb") as f,
-        tqdm(
-            total=size, unit="B", unit_scale=True, desc=f"hashing {path.name}", file=sys.stderr
-        ) as bar,
-    ):
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-            bar.update(len(chunk))
-    return digest.hexdigest()
 
 
 def default_dtype(arch: Arch) -> str:
@@ -109,14 +93,19 @@ def convert_gguf(
     path = Path(path).expanduser()
     if not path.is_file():
         raise ModelLoadError(f"{path}: GGUF file not found")
-    gf = read_gguf(path)  # header first: a bad file fails before we hash gigabytes
-    arch_name, arch = get_arch(path, gf.metadata)
+    gf = None
+    source = None if force else identity.known_source(path)  # --force trusts no record
+    if source is None or source.architecture not in ARCHS:
+        gf = read_gguf(path)  # header first: a bad file fails before we hash gigabytes
+        before = identity.stat_key(path)
+        source = identity.Source(identity.sha256_file(path), get_arch(path, gf.metadata)[0])
+        identity.remember_source(path, before, source)
+    digest, arch_name, arch = source.sha256, source.architecture, ARCHS[source.architecture]
     dtype = dtype or default_dtype(arch)
     if dtype not in DTYPES:
         raise ModelLoadError(
             f"{path}: unsupported dtype {dtype!r} (choose from {', '.join(DTYPES)})"
         )
-    digest = sha256_file(path)
     if out is None:
         out = mlxd_home() / "models" / f"{path.stem}-{digest[:16]}-{dtype}"
     out = Path(out).expanduser()
@@ -125,6 +114,8 @@ def convert_gguf(
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _sweep_stale(out)
+    if gf is None:
+        gf = read_gguf(path)
     print(f"[mlxd] converting {path.name} → {out} ({dtype}, once)", file=sys.stderr)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
