@@ -1,6 +1,7 @@
 """A Messages reply as Anthropic streams it, and the same events folded into one message.
 
-The event sequence: `message_start` (the message with empty content and the input usage),
+The event sequence: `message_start` (the message with empty content and the input usage, sent
+once the engine has admitted the request: the prompt cache's hit is known then, before prefill),
 `ping`, then for each content block in order `content_block_start`, `content_block_delta`s
 (`thinking_delta`, `text_delta`, or one `input_json_delta` with the tool input's JSON) and
 `content_block_stop`; then `message_delta` (stop_reason, stop_sequence, usage) and
@@ -15,6 +16,7 @@ its leading whitespace, because the client appends it to the text it sent. The n
 response folds the very same events, so both modes return the same content.
 """
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -131,14 +133,28 @@ class Blocks:
         ]
 
 
-def usage_json(gen: Generation, output_tokens: int) -> dict[str, int]:
-    u = gen.usage
+def usage_json(gen: Generation, cached: int, output_tokens: int) -> dict[str, int]:
+    """Anthropic's usage: `input_tokens` excludes the prompt tokens read from the cache,
+    which `cache_read_input_tokens` counts."""
     return {
-        "input_tokens": u.prompt_tokens - u.cached_tokens,
+        "input_tokens": gen.usage.prompt_tokens - cached,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": u.cached_tokens,
+        "cache_read_input_tokens": cached,
         "output_tokens": output_tokens,
     }
+
+
+async def admitted(gen: Generation) -> int:
+    """The prompt tokens the prefix store serves the request, once the engine has admitted its
+    rows: it looks the prompt up then, before prefilling. Waiting stops at the request's
+    deadline or a row that ended unadmitted (its error follows in the chunks)."""
+    loop, delay = asyncio.get_running_loop(), 0.001
+    while not all(h.admitted or h.pending() or h.done is not None for h in gen.handles):
+        if gen.deadline is not None and loop.time() >= gen.deadline:
+            break
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 0.02)
+    return max((h.cached_tokens for h in gen.handles), default=0)
 
 
 async def events(
@@ -148,6 +164,7 @@ async def events(
     prefill: bool = False,
 ) -> AsyncIterator[dict[str, Any]]:
     """The reply's events (dicts with their `type`), from message_start to message_stop."""
+    cached = await admitted(gen)  # message_start and message_delta report the same input
     message = {
         "id": message_id(),
         "type": "message",
@@ -156,7 +173,7 @@ async def events(
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": usage_json(gen, 0),
+        "usage": usage_json(gen, cached, 0),
     }
     yield {"type": "message_start", "message": message}
     yield {"type": "ping"}
@@ -184,7 +201,7 @@ async def events(
     yield {
         "type": "message_delta",
         "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-        "usage": usage_json(gen, gen.usage.completion_tokens),
+        "usage": usage_json(gen, cached, gen.usage.completion_tokens),
     }
     yield {"type": "message_stop"}
 
