@@ -4,7 +4,8 @@ import argparse
 import sys
 
 from ..model.errors import ModelLoadError
-from . import bench, config, convert, generate, serve
+from . import bench, config, convert, generate, models, serve
+from .version import VersionAction
 
 SUBCOMMANDS = {
     "generate": generate,
@@ -12,6 +13,7 @@ SUBCOMMANDS = {
     "convert": convert,
     "bench": bench,
     "config": config,
+    "models": models,
 }
 
 
@@ -20,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mlxd",
         description="A local LLM engine on MLX: a bit-exact drop-in for mlx-lm.",
     )
+    parser.add_argument("--version", action=VersionAction)
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS.values():
         module.add_parser(subs)
