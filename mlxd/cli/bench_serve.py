@@ -4,6 +4,8 @@ mlx_lm.server (mlxd/bench/serve.py runs it)."""
 import argparse
 import sys
 
+from .optional import require
+
 
 def agents(text: str) -> list[int]:
     try:
@@ -91,6 +93,8 @@ def run_serve_cmd(args: argparse.Namespace) -> None:
         sys.exit("mlxd bench serve: --turns, --max-tokens, --system-tokens, --rounds must be >= 1")
     if args.min_tokens is not None and not 1 <= args.min_tokens <= args.max_tokens:
         sys.exit("mlxd bench serve: --min-tokens must be between 1 and --max-tokens")
+    if args.plot:
+        require("matplotlib", "matplotlib>=3.8,<4", "--plot", "bench serve")
     args.batch_given = args.batch is not None
     if args.batch is None:
         args.batch = max(args.agents)  # equal caps up to mlx_lm.server's 32
