@@ -161,14 +161,39 @@ def _version(lib: ctypes.CDLL) -> str | None:
     return None
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def _global_cblas() -> str | None:
+    """The file the process-wide lookup finds cblas_sgemm in, or None. MLX's calls go there:
+    global libraries (ours, or LD_PRELOAD's) come before libmlx's own dependencies."""
+    try:
+        process = ctypes.CDLL(None)
+        fn, dladdr = process.cblas_sgemm, process.dladdr
+    except (OSError, AttributeError):
+        return None
+    info = _DlInfo()
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    if not dladdr(ctypes.cast(fn, ctypes.c_void_p), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.fsdecode(info.dli_fname)
+
+
 def blas_in_use() -> str:
     """Which BLAS MLX's CPU backend calls, in one line (for `--help` and the start-up log)."""
     if sys.platform == "darwin":
         return "Accelerate (macOS)"
-    if _loaded is None:
+    path = _global_cblas()
+    if path is None or "mlx_cpu.libs" in path:
         return f"{REFERENCE} ({_why})"
     try:
-        name = _version(ctypes.CDLL(_loaded, mode=os.RTLD_GLOBAL))
+        name = _version(ctypes.CDLL(path, mode=os.RTLD_GLOBAL))
     except OSError:
         name = None
-    return f"{name or os.path.basename(_loaded)} ({_loaded})"
+    return f"{name or os.path.basename(path)} ({path})"

@@ -46,10 +46,12 @@ print(json.dumps(dict(blas=mlxd.blas_in_use(), seconds=seconds, err=err, maps=ma
 """
 
 
-def _run(code: str, *args: str, blas: str | None) -> tuple[dict, str]:
-    env = {k: v for k, v in os.environ.items() if k != "MLXD_BLAS"}
+def _run(code: str, *args: str, blas: str | None, preload: str | None = None) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MLXD_BLAS", "LD_PRELOAD")}
     if blas is not None:
         env["MLXD_BLAS"] = blas
+    if preload is not None:
+        env["LD_PRELOAD"] = preload
     proc = subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
@@ -120,6 +122,19 @@ def test_never_with_mlxs_cuda_backend_installed(tmp_path: Path) -> None:
     out, _ = _run(code, "64", blas=None)
     assert out["blas"] == "MLX's bundled reference BLAS (MLX's CUDA backend is installed)"
     assert not any(_maps_lib(out["maps"], p) for p in OPENBLAS)
+
+
+@needs_openblas
+def test_blas_in_use_tells_what_mlx_calls_when_mlx_came_first() -> None:
+    """Imported after mlx, mlxd loads nothing and says so; a BLAS preloaded by the dynamic
+    linker (LD_PRELOAD, as for a stock mlx_lm.server) is named, since MLX calls it."""
+    code = "import mlx.core\n" + MATMUL
+    out, _ = _run(code, "64", blas=None)
+    assert out["blas"] == (
+        "MLX's bundled reference BLAS (mlx was imported before mlxd, too late to load another)"
+    )
+    out, _ = _run(code, "64", blas=None, preload=OPENBLAS[0])
+    assert out["blas"].startswith("OpenBLAS") and OPENBLAS[0] in out["blas"]
 
 
 def test_mlxd_config_imports_no_mlx() -> None:
