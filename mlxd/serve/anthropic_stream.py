@@ -164,7 +164,11 @@ async def events(
     prefill: bool = False,
 ) -> AsyncIterator[dict[str, Any]]:
     """The reply's events (dicts with their `type`), from message_start to message_stop."""
-    cached = await admitted(gen)  # message_start and message_delta report the same input
+    try:
+        cached = await admitted(gen)  # message_start and message_delta report the same input
+    except BaseException:  # the client left while the request waited: its rows end
+        gen.cancel()
+        raise
     message = {
         "id": message_id(),
         "type": "message",

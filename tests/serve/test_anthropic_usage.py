@@ -3,9 +3,11 @@ cache hit, and its `message_start` and `message_delta` report the same input num
 (input_tokens without the cache reads, cache_read_input_tokens with them), as the
 non-streaming response does; output tokens are in message_delta."""
 
+import time
 from typing import Any
 
 import anthropic
+import httpx
 import pytest
 
 MODEL = "default_model"
@@ -69,3 +71,21 @@ def test_the_sdks_accumulated_message_agrees(client) -> None:
         final = stream.get_final_message()
     assert first is not None and first[1] > 0
     assert numbers(final.usage) == first
+
+
+def test_a_client_leaving_before_admission_cancels_its_row(qwen3_server, monkeypatch) -> None:
+    from mlxd.engine.request import RequestHandle
+
+    cancelled: list[RequestHandle] = []
+    real = RequestHandle.cancel
+    monkeypatch.setattr(RequestHandle, "cancel", lambda h: (cancelled.append(h), real(h))[1])
+    engine = qwen3_server.state.provider.default.engine
+    body = {"model": MODEL, "max_tokens": 50, "stream": True,
+            "messages": [{"role": "user", "content": "Waiting in the queue."}]}  # fmt: skip
+    with engine.driver.lock:  # no engine turn: the request is not admitted
+        with httpx.stream("POST", qwen3_server.url + "/v1/messages", json=body) as r:
+            assert r.status_code == 200
+        deadline = time.time() + 10
+        while not cancelled and time.time() < deadline:
+            time.sleep(0.05)
+        assert len(cancelled) == 1 and not cancelled[0].admitted
