@@ -215,6 +215,17 @@ class BatchedRows:
                 self.sharing.snapshot(row.req, row.plan, at, cache, solo=False)
             parts.stop("snapshots", tic)
 
+    def _progress(self, prompt_responses: list[Any]) -> None:
+        """Each prefilling row's `prompt_progress_callback(done, total)`, over its whole prompt
+        as a serial row reports it (a row already decoding that moved here reports nothing)."""
+        for r in prompt_responses:
+            row = self.rows.get(r.uid)
+            if row is None or (report := row.req.prompt_progress_callback) is None:
+                continue
+            done, total = row.offset + r.progress[0], row.offset + r.progress[1]
+            if total == len(row.req.prompt):
+                report(done, total)
+
     def _leave_parts(self, tic: float) -> None:
         """Traced: mlx-lm's next() filtered finished rows out after queueing the next step, so
         sync the step (`leave_step`), then the kept rows' caches (`filter`)."""
@@ -272,6 +283,7 @@ class BatchedRows:
             self._leave_parts(tic)
         if self.sharing is not None:
             self._snapshots(prompt_responses)
+        self._progress(prompt_responses)
         events: list[tuple[RequestHandle, TokenEvent | DoneEvent]] = []
         failed = dict(self.failed)  # rows whose own input, processor or sampler raised
         self.failed.clear()
