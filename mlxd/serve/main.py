@@ -1,4 +1,4 @@
-"""`mlxd serve`: load the model, build the app, run uvicorn until interrupted."""
+"""`mlxd serve`: check the port, load the model, build the app, run uvicorn until interrupted."""
 
 import ipaddress
 import logging
@@ -9,7 +9,9 @@ from ..model import ModelLoadError
 from .app import ServerState, build_app
 from .http_body import harden
 from .http_limits import Limits, connection_cap, fd_limit, guarded_protocol
+from .log_format import configure
 from .metrics import Metrics
+from .port import port_problem
 from .provider import ModelProvider
 
 log = logging.getLogger("mlxd.serve")
@@ -59,6 +61,8 @@ def http_server(app: Any, config: ServeConfig) -> Any:
         host=config.host,
         port=config.port,
         log_level=config.log_level.lower(),
+        log_config=None,  # no handlers of uvicorn's own: its lines take --log-format too
+        access_log=config.access_log,
         loop=config.loop,
         http=guarded_protocol(config.http, limits),
     )
@@ -68,10 +72,9 @@ def http_server(app: Any, config: ServeConfig) -> Any:
 
 
 def serve(config: ServeConfig) -> None:
-    logging.basicConfig(
-        level=getattr(logging, config.log_level.upper(), logging.INFO),
-        format="%(asctime)s - %(levelname)s - %(message)s",
-    )
+    configure(config.log_level, config.log_format)
+    if (problem := port_problem(config.host, config.port)) is not None:
+        raise SystemExit(f"mlxd serve: error: {problem}")  # before the model loads: at once
     if (warning := exposure_warning(config.host, config.api_key)) is not None:
         log.warning(warning)
     state = make_state(config)

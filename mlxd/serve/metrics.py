@@ -1,6 +1,7 @@
 """Prometheus `/metrics`: requests by route and status (an ASGI middleware), per-generation
 latency and token counts (`Metrics.finished`, called by every Generation), and the engines'
 rows and KV read at scrape time. Each app has its own registry, so servers can share a process.
+The request log (request_log.py) hangs off the same two hooks: its middleware and `finished`.
 
 `mlxd_kv_bytes_in_use` is the KV *reservation* admission holds for the running rows (their
 worst case, prompt + max_tokens); without a `--kv-budget` / `--memory-budget` nothing is
@@ -20,6 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from .errors import APIError
+from .request_log import RequestLogMiddleware, generation_finished
 from .streaming import offload
 
 # 1 ms .. 30 s, roughly x2.5 per step: decode gaps on a GPU through long prefills on a CPU.
@@ -182,10 +184,13 @@ class Metrics:
         r.register(MemoryCollector())
 
     def install(self, app: Any) -> None:
-        """Outermost middleware: it also sees the 401s and CORS answers given before routing."""
+        """Outermost middleware: it also sees the 401s and CORS answers given before routing;
+        the request log outside it (each request's line, its X-Request-Id)."""
         app.add_middleware(MetricsMiddleware, metrics=self, router=app.router)
+        app.add_middleware(RequestLogMiddleware)
 
     def finished(self, gen: Any) -> None:
+        generation_finished(gen)
         ep = gen.endpoint or OTHER
         if gen.ttft_s is not None:
             self.ttft.labels(ep).observe(gen.ttft_s)
