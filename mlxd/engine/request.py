@@ -125,8 +125,13 @@ class RequestHandle:
         self.submitted = time.perf_counter()
         self.arrived: float | None = None  # when its request reached the server (a Ticket's)
         self.cached_tokens = 0  # prompt tokens the prefix store served (set at admission)
+        self.admitted = False  # the engine took the row: cached_tokens is final
 
     # engine side
+    def admit(self, cached_tokens: int) -> None:
+        """The row is admitted, `cached_tokens` of its prompt from the prefix store."""
+        self.cached_tokens, self.admitted = cached_tokens, True
+
     def put(self, event: Event) -> None:
         self._events.put(event)
         if watchers := self._watching():

@@ -106,7 +106,7 @@ class Scheduler:
             handles = [handle, *rows.groups.pop(id(handle), [])]
             plan = self._plan(req)
             for h in handles:
-                h.cached_tokens = req.cached_tokens
+                h.admit(req.cached_tokens)
             job = ForkJob(self._model(), req, handles, generation_stream, self.tokenizer, plan,
                           self._snapshot(req, plan))  # fmt: skip
             rows.add_fork(job, "forked", req.n)
@@ -166,6 +166,8 @@ class Scheduler:
         earlier joiner goes back to wait for that joiner's snapshot of it (one prefill)."""
         sharing = self.sharing
         if sharing is None:
+            for req, handle in joiners:
+                handle.admit(req.cached_tokens)
             return joiners, [None] * len(joiners)
         kept: list[Waiting] = []
         plans: list[Plan | None] = []
@@ -180,7 +182,7 @@ class Scheduler:
                 continue
             kept.append((req, handle))
             plans.append(self._plan(req))
-            handle.cached_tokens = req.cached_tokens
+            handle.admit(req.cached_tokens)
         if back:
             self.rows.paths["waited for a shared prefix"] += len(back)
             self.queue.push_front(back)
