@@ -18,6 +18,7 @@ from .errors import APIError, bad_request
 from .params import GenParams
 from .prompt import Prompt
 from .provider import Served
+from .request_log import prefill_progress
 from .row_request import build_request
 from .streaming import offload
 from .text import ChoiceText, Delta, ForcedToolText
@@ -109,6 +110,7 @@ class Generation:
             try:
                 kv_config = state.provider.kv_config
                 req = build_request(self.served, self.prompt, self.params, state.config, kv_config)
+                req.prompt_progress_callback = progress  # the request log's (request_log.py)
                 engine = self.served.engine
                 if self.params.n == 1:
                     return [engine.submit(req, self.arrival)]
@@ -117,6 +119,7 @@ class Generation:
                 if self.arrival is not None:
                     self.arrival.release()
 
+        progress = prefill_progress()
         self.submitted_at = time.perf_counter()
         if timeout := state.config.request_timeout:
             self.timeout, self.deadline = timeout, asyncio.get_running_loop().time() + timeout
