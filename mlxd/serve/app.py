@@ -23,7 +23,7 @@ from ..config import ServeConfig
 from .errors import APIError, anthropic_body, error_response, is_anthropic_path, openai_body
 from .limits import ReleaseAfterLargeBodies
 from .openapi import operation
-from .provider import ModelProvider
+from .provider import ModelProvider, context_length
 from .schemas import body_schema
 from .streaming import offload
 
@@ -50,7 +50,13 @@ class ServerState:
 
 
 def build_app(state: ServerState) -> FastAPI:
-    from . import anthropic_api, metrics, openai_api, responses_api  # they import ServerState
+    from . import (  # they import ServerState
+        anthropic_api,
+        embeddings_api,
+        metrics,
+        openai_api,
+        responses_api,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -78,6 +84,7 @@ def build_app(state: ServerState) -> FastAPI:
         extra = operation(path, ok, **params)
         app.add_api_route(path, endpoint, methods=["GET"], openapi_extra=extra)
     anthropic_api.add_routes(app)
+    embeddings_api.add_routes(app)
     responses_api.add_routes(app, state)
     metrics.add_routes(app)
 
@@ -151,7 +158,7 @@ class APIKeyMiddleware:
 
 
 # `/v1/models`: the served model, models loaded on request, and the mlx-lm models in the local
-# Hugging Face cache, as mlx_lm.server scans it.
+# Hugging Face cache, as mlx_lm.server scans it; each with its context length (vLLM's field).
 _HF_FILES = ("config.json", "model.safetensors.index.json", "tokenizer_config.json")
 
 
@@ -170,8 +177,21 @@ def _hf_cache_models() -> list[dict[str, Any]]:
         files = {f.file_name for rev in repo.revisions for f in rev.files}
         if not all(f in files for f in _HF_FILES):
             continue
-        out.append({"id": repo.repo_id, "object": "model", "created": int(repo.last_modified)})
+        entry = {"id": repo.repo_id, "object": "model", "created": int(repo.last_modified)}
+        newest = max(repo.revisions, key=lambda r: r.last_modified)
+        entry["max_model_len"] = context_length(newest.snapshot_path)
+        out.append(entry)
     return out
+
+
+def _entry(served: Any, created: int) -> dict[str, Any]:
+    return {
+        "id": served.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "mlxd",
+        "max_model_len": served.context_length,
+    }
 
 
 def _listing(state: ServerState) -> list[dict[str, Any]]:
@@ -180,7 +200,7 @@ def _listing(state: ServerState) -> list[dict[str, Any]]:
     for served in state.provider.loaded():
         if served.name not in seen:
             seen.add(served.name)
-            data.append({"id": served.name, "object": "model", "created": now, "owned_by": "mlxd"})
+            data.append(_entry(served, now))
     for entry in _hf_cache_models():
         if entry["id"] not in seen:
             seen.add(entry["id"])
@@ -194,11 +214,17 @@ async def list_models(request: Request) -> JSONResponse:
 
 
 async def get_model(request: Request) -> JSONResponse:
+    """A listed id, or any name a request may give for the served model (its other names,
+    `default_model`, a bare name that falls back): that model's entry under the name asked."""
     state: ServerState = request.app.state.mlxd
     wanted = request.path_params["model_id"]
     for entry in _listing(state):
         if entry["id"] == wanted:
             return JSONResponse(entry)
+    provider = state.provider
+    if provider.serves(wanted) or provider.falls_back(wanted):
+        entry = _entry(provider.default, int(state.started))
+        return JSONResponse({**entry, "id": wanted, "root": provider.default.name})
     raise APIError(404, f"model '{wanted}' not found", param="model", code="model_not_found")
 
 

@@ -2,12 +2,19 @@
 
 mlx_lm.server swaps its one model for whatever a request names. Agents sharing a server must
 not evict each other, so the served model stays and a requested other model is loaded beside
-it (at most `max_others`, least recently used evicted); a name that cannot load is a 404.
+it (at most `max_others`, least recently used evicted).
+
+A request's model name, one rule for every API: the served model's names (--served-model-name,
+the --model value, `default_model`) mean it; another name loads as above; a name that cannot
+load is a 404, except that a bare name (no path or repo shape: `gpt-4o`, the label an agent
+tool sends) means the served model unless --strict-model-names. Anthropic clients send only
+their own ids, so /v1/messages maps any such name to the served model (same flag).
 """
 
 import collections
 import json
 import logging
+import re
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,7 +54,7 @@ class Served:
     weight_bytes: int
 
 
-def _context_length(folder: Path) -> int | None:
+def context_length(folder: Path) -> int | None:
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
@@ -55,6 +62,24 @@ def _context_length(folder: Path) -> int | None:
     text = config.get("text_config", config)
     value = text.get("max_position_embeddings") or config.get("max_position_embeddings")
     return int(value) if isinstance(value, int) else None
+
+
+def served_names(config: ServeConfig, loaded_as: str) -> list[str]:
+    """The served model's names, the id /v1/models lists first: --served-model-name's, then
+    the name it was loaded by (the --model value, or the embedded model's name)."""
+    names = list(config.served_model_name)
+    if any(not isinstance(n, str) or not n or "\x00" in n for n in names):
+        raise ModelLoadError("--served-model-name: each name is non-empty text")
+    return list(dict.fromkeys([*names, loaded_as]))
+
+
+# A label an agent tool sends (gpt-4o, claude-sonnet-4-5, qwen2.5-coder:7b), not a reference:
+# no path or repo shape (no `/` or `\\`, no leading `.` or `~`), at most 128 characters.
+_BARE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}")
+
+
+def bare_name(name: str) -> bool:
+    return _BARE.fullmatch(name) is not None
 
 
 def shown(name: str | None, most: int = 100) -> str:
@@ -75,6 +100,9 @@ class ModelProvider:
         # Requests on their way to any engine here (engine/arrivals.py: the join window).
         self.arrivals = Arrivals(config.join_window)
         self.default = self._load(config.model, config.adapter_path)
+        self.names = served_names(config, self.default.name)
+        self.default.name = self.names[0]
+        self._fell_back: set[str | None] = set()
         self._limit_before = hold_to_budget(config)  # once the budget is known to hold the weights
         self._others: collections.OrderedDict[tuple, Served] = collections.OrderedDict()
 
@@ -126,22 +154,44 @@ class ModelProvider:
         if c.kv_bits is not None:
             engine.announce_scheme(c.kv_bits, c.kv_group_size)
         name = ref if ref is not None else DEFAULT_MODEL_NAME
-        ctx = _context_length(folder)
+        ctx = context_length(folder)
         return Served(name, model, tokenizer, engine, ctx, weights)
 
+    def serves(self, name: str | None) -> bool:
+        """`name` is one of the served model's names or aliases."""
+        return name is None or name in SERVED_ALIASES or name in self.names
+
+    def falls_back(self, name: str | None, any_name: bool = False) -> bool:
+        """A name nothing loads for still means the served model (the module's rule)."""
+        if self.config.strict_model_names or name is None:
+            return False
+        return any_name or bare_name(name)
+
     def get(self, name: str | None, adapter: str | None = None, fallback: bool = False) -> Served:
-        """The model a request names; raises ModelLoadError when it cannot be loaded, unless
-        `fallback` (Anthropic clients send their own model ids): then the served model."""
+        """The model a request names; raises ModelLoadError when it cannot be loaded and the
+        name does not fall back (`fallback`: any name may, Anthropic's ids)."""
         d = self.default
         adapter = None if adapter == self.config.adapter_path else adapter
-        if adapter is None and (name is None or name in SERVED_ALIASES or name == d.name):
+        if adapter is None and self.serves(name):
             return d
         try:
             return self._other(name, adapter)
         except ModelLoadError:
-            if fallback and adapter is None:
+            if adapter is None and self.falls_back(name, fallback):
+                self._note_fallback(name)
                 return d
             raise
+
+    def _note_fallback(self, name: str | None) -> None:
+        """One log line per name (bounded): a client's label now means the served model."""
+        if name in self._fell_back or len(self._fell_back) >= 256:
+            return
+        self._fell_back.add(name)
+        log.info(
+            "model %s is not served here: answering with %s (--strict-model-names refuses)",
+            shown(name),
+            self.default.name,
+        )
 
     def _other(self, name: str | None, adapter: str | None) -> Served:
         key = (name, adapter)
