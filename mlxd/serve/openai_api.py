@@ -1,10 +1,11 @@
 """`/v1/chat/completions`, `/chat/completions` and `/v1/completions`: mlx_lm.server's request
 fields and response shapes, with `reasoning_content` beside `reasoning`, `n` as rows, and
 `tool_choice` / `response_format` honoured or refused (never silently ignored). Tool calls and
-logprobs carry mlx_lm.server's fields plus the OpenAI ones, so both kinds of client parse them."""
+logprobs carry mlx_lm.server's fields plus the OpenAI ones, so both kinds of client parse them.
+Completions also take OpenAI's list of prompts (batched, prompt_batch.py) and integer
+`logprobs` (its legacy shape, legacy_logprobs.py)."""
 
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,10 +18,12 @@ from starlette.responses import JSONResponse, Response
 from .app import ServerState
 from .errors import APIError, openai_body, read_json
 from .generation import Chunk, Generation, TokenInfo
+from .legacy_logprobs import finite, legacy_logprobs_json, sampled_logprob
 from .limits import check_fits, message_text_bytes
 from .openai_request import parse_openai
 from .params import GenParams, load_model
 from .prompt import Prompt, chat_prompt, text_prompt
+from .prompt_batch import Generations
 from .provider import Served
 from .streaming import offload, sse_data, sse_stream, until_done_or_disconnect
 from .text import Delta, ToolCall
@@ -38,6 +41,8 @@ class Completion:
         self.req = parse_openai(body, state.config, chat)
         self.stream, self.params, self.tools = self.req.stream, self.req.params, self.req.tools
         self.include_usage = self.req.include_usage
+        self.choices = max(self.params.n, 1)  # every prompt's n rows (set once prompts are read)
+        self.offsets: list[int] = []  # legacy logprobs: each choice's text offset so far
         self.model_name = body.get("model", "default_model")  # echoed as sent (mlx_lm.server)
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4()}"
         self.created = int(time.time())
@@ -45,19 +50,19 @@ class Completion:
             ".chunk" if self.stream and chat else ""
         )
 
-    async def prompt(self, served: Served) -> Prompt:
+    async def prompts(self, served: Served) -> list[Prompt]:
         """Checked against the context by its size first: templating and tokenizing a text
         that cannot fit would cost far more than refusing it (limits.py)."""
         tok, req = served.tokenizer, self.req
         if not self.chat:
-            prompt = req.prompt
-            if isinstance(prompt, str):
-                check_fits(served, len(prompt.encode("utf-8")), "prompt")
-            return await offload(lambda: text_prompt(tok, prompt))
+            for prompt in req.prompts or []:
+                if isinstance(prompt, str):
+                    check_fits(served, len(prompt.encode("utf-8")), "prompt")
+            return await offload(lambda: [text_prompt(tok, p) for p in req.prompts or []])
         messages = req.messages or []
         check_fits(served, message_text_bytes(messages))
         args, mapping = req.template_args or {}, req.role_mapping
-        return await offload(lambda: chat_prompt(tok, messages, self.tools, args, mapping))
+        return [await offload(lambda: chat_prompt(tok, messages, self.tools, args, mapping))]
 
     def _head(self) -> dict[str, Any]:
         return {
@@ -89,7 +94,7 @@ class Completion:
         choice["delta" if self.stream else "message"] = msg
         return choice
 
-    def usage_json(self, gen: Generation) -> dict[str, Any]:
+    def usage_json(self, gen: Generation | Generations) -> dict[str, Any]:
         u = gen.usage
         return {
             "prompt_tokens": u.prompt_tokens,
@@ -100,18 +105,35 @@ class Completion:
 
     async def respond(self, request: Request) -> Response:
         served = await load_model(self.state, self.req.model)
-        prompt = await self.prompt(served)
+        prompts = await self.prompts(served)
         endpoint = "chat" if self.chat else "completions"
-        gen = Generation(
-            served, prompt, self.params, self.tools, self.state.metrics, endpoint, self.arrival
-        )
+        metrics, arrival = self.state.metrics, self.arrival
+        gen: Generation | Generations
+        if len(prompts) == 1:
+            gen = Generation(
+                served, prompts[0], self.params, self.tools, metrics, endpoint, arrival
+            )
+        else:
+            rows = [Generation(served, p, self.params, None, metrics, endpoint) for p in prompts]
+            gen = Generations(rows, arrival)
+        self.choices = len(prompts) * max(self.params.n, 1)
         await gen.start(self.state)
         if self.stream:
-            return sse_stream(self._frames(gen, served), gen.behind)
-        return await until_done_or_disconnect(request, self._whole(gen, served), gen)
+            response = sse_stream(self._frames(gen, served), gen.behind)
+        else:
+            response = await until_done_or_disconnect(request, self._whole(gen, served), gen)
+        return response
 
-    async def _whole(self, gen: Generation, served: Served) -> Response:
-        n = max(self.params.n, 1)
+    def _logprobs(self, tokens: list[TokenInfo], served: Served, i: int) -> dict | None:
+        """Choice `i`'s logprobs for `tokens`, in the shape the request asked for."""
+        if self.req.legacy_logprobs is None:
+            return logprobs_json(tokens, served.tokenizer, self.params)
+        out, self.offsets[i] = legacy_logprobs_json(tokens, served.tokenizer, self.offsets[i])
+        return out
+
+    async def _whole(self, gen: Generation | Generations, served: Served) -> Response:
+        n = self.choices
+        self.offsets = [0] * n
         deltas = [Delta() for _ in range(n)]
         tokens: list[list[TokenInfo]] = [[] for _ in range(n)]
         finish = ["stop"] * n
@@ -126,13 +148,13 @@ class Completion:
         choices = []
         for i in range(n):
             choice = self._choice(i, deltas[i], finish[i], 0)
-            if (lp := logprobs_json(tokens[i], served.tokenizer, self.params)) is not None:
+            if (lp := self._logprobs(tokens[i], served, i)) is not None:
                 choice["logprobs"] = lp
             choices.append(choice)
         body = {**self._head(), "choices": choices, "usage": self.usage_json(gen)}
         return JSONResponse(body)
 
-    async def _frames(self, gen: Generation, served: Served) -> AsyncIterator[str]:
+    async def _frames(self, gen: Generation | Generations, served: Served) -> AsyncIterator[str]:
         """The stream's frames. A failure once the status line is out becomes an error frame in
         OpenAI's shape (the openai SDK raises it as APIError, as vLLM's), then [DONE], instead
         of a connection cut mid-body."""
@@ -150,8 +172,11 @@ class Completion:
                 yield sse_data(openai_body(APIError(500, f"{e}")))
                 yield "data: [DONE]\n\n"
 
-    async def _token_frames(self, gen: Generation, served: Served) -> AsyncIterator[str]:
-        n = max(self.params.n, 1)
+    async def _token_frames(
+        self, gen: Generation | Generations, served: Served
+    ) -> AsyncIterator[str]:
+        n = self.choices
+        self.offsets = [0] * n
         pending = [Delta() for _ in range(n)]
         held: list[list[TokenInfo]] = [[] for _ in range(n)]
         calls_sent = [0] * n
@@ -183,7 +208,7 @@ class Completion:
 
     def _frame(self, i, delta, finish, calls_sent, held, served) -> dict[str, Any]:
         choice = self._choice(i, delta, finish, calls_sent[i])
-        if held[i] and (lp := logprobs_json(held[i], served.tokenizer, self.params)):
+        if held[i] and (lp := self._logprobs(held[i], served, i)):
             choice["logprobs"] = lp
         return {**self._head(), "choices": [choice]}
 
@@ -222,7 +247,7 @@ def logprobs_json(tokens: list[TokenInfo], tokenizer: Any, params: GenParams) ->
     content = []
     for t in tokens:
         entry: dict[str, Any] = {"id": t.id, "token": tokenizer.convert_ids_to_tokens(t.id)}
-        entry["logprob"] = finite(t.logprob if t.logprob is not None else _logprob_from_top(t))
+        entry["logprob"] = finite(sampled_logprob(t))
         tops = t.top or []
         names = tokenizer.convert_ids_to_tokens([i for i, _ in tops]) if tops else []
         entry["top_logprobs"] = [
@@ -231,14 +256,3 @@ def logprobs_json(tokens: list[TokenInfo], tokenizer: Any, params: GenParams) ->
         ]
         content.append(entry)
     return {"content": content}
-
-
-def finite(lp: float | None) -> float | None:
-    """JSON has no infinities: a banned token's -inf is OpenAI's -9999.0, NaN is null."""
-    if lp is None or math.isnan(lp):
-        return None
-    return max(lp, -9999.0)
-
-
-def _logprob_from_top(t: TokenInfo) -> float | None:
-    return next((lp for i, lp in t.top or [] if i == t.id), None)

@@ -8,8 +8,10 @@ from typing import Any
 from ..config import ServeConfig
 from .errors import bad_request
 from .params import (
+    MAX_TOP,
     GenParams,
     ModelRef,
+    check,
     model_ref,
     read_params,
     refuse_unsupported,
@@ -28,7 +30,8 @@ class OpenAIRequest:
     params: GenParams
     tools: list[dict] | None = None
     messages: list[dict[str, Any]] | None = None  # chat: text contents, arguments as dicts
-    prompt: str | list[int] | None = None  # completions
+    prompts: list[str | list[int]] | None = None  # completions: one choice (or n) each
+    legacy_logprobs: int | None = None  # completions' integer `logprobs`: OpenAI's old shape
     template_args: dict[str, Any] | None = None
     role_mapping: dict[str, Any] | None = None
 
@@ -38,6 +41,9 @@ def parse_openai(body: dict[str, Any], config: ServeConfig, chat: bool) -> OpenA
     if not isinstance(stream, bool):
         raise bad_request("stream must be of type bool", "stream")
     opts = body.get("stream_options")
+    legacy = None if chat else legacy_logprobs(body)
+    if legacy is not None:  # read as top_logprobs; mlx_lm.server's boolean stays as it was
+        body = {**body, "logprobs": True, "top_logprobs": legacy}
     params = read_params(body, config)
     refuse_unsupported(body)
     req = OpenAIRequest(
@@ -46,11 +52,14 @@ def parse_openai(body: dict[str, Any], config: ServeConfig, chat: bool) -> OpenA
         stream=stream,
         include_usage=isinstance(opts, dict) and bool(opts.get("include_usage")),
         params=params,
+        legacy_logprobs=legacy,
     )
     if chat:
         _chat_fields(req, body, config)
     else:
-        req.prompt = _prompt(body)
+        req.prompts = prompts(body)
+        if len(req.prompts) * params.n > MAX_PROMPTS:  # rows one request may queue
+            raise bad_request(f"prompt: at most {MAX_PROMPTS} choices (prompts × n)", "prompt")
     return req
 
 
@@ -75,15 +84,37 @@ def _chat_fields(req: OpenAIRequest, body: dict[str, Any], config: ServeConfig) 
     req.role_mapping = mapping
 
 
-def _prompt(body: dict[str, Any]) -> str | list[int]:
-    """A string, token ids, or a list holding one string (mlx_lm.server's three shapes)."""
+MAX_PROMPTS = 128  # choices one completions request may ask for (prompts × n; `n` alone: 128)
+
+
+def legacy_logprobs(body: dict[str, Any]) -> int | None:
+    """OpenAI completions' `logprobs`: an integer, the alternatives to list per token (0: the
+    sampled token's only). A boolean is mlx_lm.server's field and reads as before."""
+    value = body.get("logprobs")
+    if type(value) is not int:
+        return None
+    if body.get("top_logprobs") is not None:
+        raise bad_request("give logprobs as an integer or top_logprobs, not both", "logprobs")
+    return check("logprobs", value, int, lo=0, hi=MAX_TOP)
+
+
+def _tokens(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
+
+
+def prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    """OpenAI's four shapes: a string, token ids, a list of strings, a list of token-id
+    lists; each list entry is its own prompt (its own choices)."""
     if "prompt" not in body:
         raise bad_request("Request did not contain a prompt", "prompt")
     prompt = body["prompt"]
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-        return prompt
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
-    raise bad_request("prompt must be a string or a list of token ids", "prompt")
+    if isinstance(prompt, str) or _tokens(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and len(prompt) <= MAX_PROMPTS:
+        if all(isinstance(p, str) for p in prompt) or all(_tokens(p) for p in prompt):
+            return list(prompt)
+    raise bad_request(
+        "prompt must be a string, token ids, or a list of strings or of token-id lists "
+        f"(at most {MAX_PROMPTS})",
+        "prompt",
+    )

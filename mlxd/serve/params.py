@@ -43,6 +43,7 @@ NUM = (int, float)
 MAX_STOP = 64  # stop strings a request may give (OpenAI takes 4; each is checked per token)
 INT32 = 2**31 - 1  # MLX slices take 32-bit indices
 F32_MAX = 3.4028234663852886e38  # the largest float32
+MAX_TOP = 11  # top_logprobs' bound (alternatives per token)
 
 
 def check(
@@ -131,7 +132,9 @@ def read_params(body: dict[str, Any], defaults: Any) -> GenParams:
         ),
         logit_bias=logit_bias(g("logit_bias")),
         logprobs=check("logprobs", g("logprobs", False), bool),
-        top_logprobs=check("top_logprobs", g("top_logprobs", -1), int, lo=0, hi=11, allow=(-1,)),
+        top_logprobs=check(
+            "top_logprobs", g("top_logprobs", -1), int, lo=0, hi=MAX_TOP, allow=(-1,)
+        ),
         seed=None if g("seed") is None else check("seed", g("seed"), int, lo=-(2**63), hi=2**64),
         stop=stop_words(g("stop")),
         n=check("n", g("n", 1), int, lo=1, hi=128),

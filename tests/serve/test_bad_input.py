@@ -89,8 +89,8 @@ def test_chat_field_refused(qwen3_server, field: str, bad: Any) -> None:
 
 COMPLETIONS_WRONG = [
     ("prompt", 5, "prompt"), ("prompt", [], "prompt"), ("prompt", [1.5], "prompt"),
-    ("prompt", [[1, 2]], "prompt"), ("prompt", [-1], "vocabulary"),
-    ("prompt", [10**30], "out of range"), ("prompt", "", "empty"), ("logprobs", 5, "logprobs"),
+    ("prompt", [[1, 2], "x"], "prompt"), ("prompt", [-1], "vocabulary"),
+    ("prompt", [10**30], "out of range"), ("prompt", "", "empty"), ("logprobs", 12, "logprobs"),
     ("max_tokens", "5", "max_tokens"),
 ]  # fmt: skip
 
