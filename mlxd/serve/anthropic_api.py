@@ -31,6 +31,7 @@ from .prompt import Prompt
 from .provider import Served
 from .schemas import body_schema
 from .streaming import as_json, offload, sse_event, sse_stream, until_done_or_disconnect
+from .tools_warning import tools_warning
 
 log = logging.getLogger("mlxd.serve")
 
@@ -68,8 +69,11 @@ async def _messages(request: Request, state: ServerState, arrival: Any) -> Respo
     await gen.start(state)
     reply = events(gen, model, StopWords(served.tokenizer, params.stop), conv.prefill)
     if stream:
-        return sse_stream(_frames(reply), gen.behind)
-    return await until_done_or_disconnect(request, as_json(fold(reply)), gen)
+        response = sse_stream(_frames(reply), gen.behind)
+    else:
+        response = await until_done_or_disconnect(request, as_json(fold(reply)), gen)
+    response.headers.update(tools_warning(served, conv.tools, conv.template_args))
+    return response
 
 
 async def _frames(reply: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[str]:

@@ -27,6 +27,7 @@ from .prompt_batch import Generations
 from .provider import Served
 from .streaming import offload, sse_data, sse_stream, until_done_or_disconnect
 from .text import Delta, ToolCall
+from .tools_warning import tools_warning
 
 log = logging.getLogger("mlxd.serve")
 
@@ -118,10 +119,12 @@ class Completion:
             gen = Generations(rows, arrival)
         self.choices = len(prompts) * max(self.params.n, 1)
         await gen.start(self.state)
+        headers = tools_warning(served, self.tools, self.req.template_args)
         if self.stream:
             response = sse_stream(self._frames(gen, served), gen.behind)
         else:
             response = await until_done_or_disconnect(request, self._whole(gen, served), gen)
+        response.headers.update(headers)
         return response
 
     def _logprobs(self, tokens: list[TokenInfo], served: Served, i: int) -> dict | None:

@@ -25,6 +25,7 @@ from .responses_store import ResponseStore
 from .responses_stream import ResponseRun
 from .schemas import body_schema
 from .streaming import as_json, offload, sse_stream, until_done_or_disconnect
+from .tools_warning import tools_warning
 
 # mlx-lm sampling extras a Responses body may carry too (read with chat's rules).
 _EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -150,8 +151,11 @@ async def _create(request: Request, state: ServerState, arrival: Any) -> Respons
     model = body.get("model") or served.name
     run = ResponseRun(req.head(model), gen, items, state.store if req.store else None)
     if req.stream:
-        return sse_stream(run.frames(), gen.behind)
-    return await until_done_or_disconnect(request, as_json(run.whole()), gen)
+        response = sse_stream(run.frames(), gen.behind)
+    else:
+        response = await until_done_or_disconnect(request, as_json(run.whole()), gen)
+    response.headers.update(tools_warning(served, req.tools, args))
+    return response
 
 
 def _not_found(response_id: str) -> APIError:
