@@ -16,6 +16,7 @@ import platform
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Mapping
 from importlib import metadata
 
 from .config import blas_choice
@@ -197,3 +198,14 @@ def blas_in_use() -> str:
     except OSError:
         name = None
     return f"{name or os.path.basename(path)} ({path})"
+
+
+def same_blas(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` for a child process that runs a stock mlx-lm (mlx_lm.server, `python -m mlx_lm`):
+    LD_PRELOAD puts this process's optimized BLAS first there too, so both compute the same
+    float32 bits. Unchanged on the reference BLAS."""
+    out = dict(env)
+    path = _global_cblas()
+    if path is not None and "mlx_cpu.libs" not in path and sys.platform == "linux":
+        out["LD_PRELOAD"] = " ".join(filter(None, [path, out.get("LD_PRELOAD")]))
+    return out

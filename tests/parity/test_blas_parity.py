@@ -50,7 +50,8 @@ print(json.dumps(dict(
 
 
 def _run(folder: Path, blas: str) -> dict:
-    env = dict(os.environ, MLXD_BLAS=blas)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["MLXD_BLAS"] = blas
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(folder)],
@@ -76,3 +77,42 @@ def test_mlx_lm_and_mlxd_share_the_loaded_blas(tiny_model: Callable[..., Path]) 
     assert stock["blas"].startswith("MLX's bundled reference BLAS")
     assert stock["logits"] != fast["logits"]
     assert hashlib.sha256(b"").hexdigest() not in (stock["logits"], fast["logits"])
+
+
+# A float32 matmul's bits, in a process that imports mlx first (a stock mlx-lm's order).
+STOCK = """
+import hashlib, numpy as np, mlx.core as mx
+rng = np.random.default_rng(0)
+a = mx.array(rng.standard_normal((256, 256), dtype=np.float32))
+print(hashlib.sha256(np.array(a @ a).tobytes()).hexdigest())
+"""
+
+# mlxd's process: the same matmul, then a stock child with and without `same_blas`'s env.
+PARENT = """
+import json, os, subprocess, sys
+import mlxd
+from mlxd.blas import same_blas
+env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+def child(env):
+    return subprocess.run([sys.executable, "-c", sys.argv[1]], capture_output=True, text=True,
+                          env=env, check=True).stdout.strip()
+exec(sys.argv[1].replace("print(", "mine = ("))
+print(json.dumps(dict(mine=mine, stock=child(env), same=child(same_blas(env)))))
+"""
+
+
+def test_same_blas_gives_a_stock_mlx_lm_child_this_process_bits() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXD_BLAS")}
+    proc = subprocess.run(
+        [sys.executable, "-c", PARENT, STOCK],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["same"] == out["mine"]
+    assert out["stock"] != out["mine"]  # the reference BLAS: other bits
