@@ -33,19 +33,35 @@ def error_shape_problem(path: str, body: Any) -> str | None:
     return None
 
 
+def _error_type(data: dict[str, Any]) -> str | None:
+    """The error type an SSE data frame carries (OpenAI's or Anthropic's error, a failed
+    Response's error code), or None when it carries none."""
+    if data.get("type") == "response.failed":
+        return str(((data.get("response") or {}).get("error") or {}).get("code"))
+    if isinstance(data.get("error"), dict):
+        return str(data["error"].get("type"))
+    return "error" if data.get("type") == "error" else None
+
+
+def stream_refused(text: str) -> bool:
+    """The stream ended with a rate-limit error frame: a 429 (--request-timeout before the
+    first token) whose status line had already gone out as 200."""
+    for line in text.splitlines():
+        if line.startswith("data: {") and _error_type(json.loads(line[6:])) == "rate_limit_error":
+            return True
+    return False
+
+
 def stream_problem(text: str) -> str | None:
     """An error frame in a 200 stream (OpenAI's error data, Anthropic's error event, a failed
-    Response), or a stream that did not finish."""
+    Response) other than a rate-limit refusal, or a stream that did not finish."""
     for line in text.splitlines():
-        if line in ("event: error", "event: response.failed"):
-            return f"the stream carries an error frame ({line})"
         if line.startswith("data: {"):
-            data = json.loads(line[6:])
-            failed = data.get("type") in ("error", "response.failed")
-            if failed or isinstance(data.get("error"), dict):
-                return "the stream carries an error frame"
+            kind = _error_type(json.loads(line[6:]))
+            if kind not in (None, "rate_limit_error"):
+                return f"the stream carries an error frame ({kind})"
     done = ("data: [DONE]", "event: message_stop", "event: response.completed",
-            "event: response.incomplete")  # fmt: skip
+            "event: response.incomplete", "event: response.failed", "event: error")  # fmt: skip
     if not any(mark in text for mark in done):
         return "the stream did not finish"
     return None
@@ -72,4 +88,5 @@ def problem(path: str, status: int, content_type: str, text: str) -> str | None:
 def describe(method: str, path: str, body: Any, status: int | str, text: str) -> str:
     """One line that reproduces the case: the request as sent, and the answer's start."""
     sent = "" if body is None else json.dumps(body)[:200_000]  # whole, to replay it
-    return f"{method} {path} {sent} -> {status}: {text[:400]}"
+    tail = f" ... {text[-400:]}" if len(text) > 800 else text[400:]
+    return f"{method} {path} {sent} -> {status}: {text[:400]}{tail}"
