@@ -76,7 +76,21 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 "oneOf": [
                     {"type": "string", "minLength": 1},
                     {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                    {"type": "array", "minItems": 1, "maxItems": 128, "items": {"type": "string"}},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "maxItems": 128,
+                        "items": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "integer", "minimum": 0},
+                        },
+                    },
                 ]
+            },
+            "logprobs": {  # OpenAI's integer: its legacy logprobs object (http-api.md)
+                "oneOf": [{"type": "boolean"}, {"type": "integer", "minimum": 0, "maximum": 11}]
             },
         },
     },
