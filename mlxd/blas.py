@@ -140,10 +140,16 @@ def preload() -> None:
     elif _cuda_backend():
         _why = "MLX's CUDA backend is installed"
     else:
-        paths = candidates() if choice == "auto" else [choice]
-        _loaded = next((p for p in paths if _load(p)), None)
-        if _loaded is None:
-            _why = f"MLXD_BLAS={choice} did not load" if paths else "no optimized BLAS found"
+        try:
+            paths = candidates() if choice == "auto" else [choice]
+            _loaded = next((p for p in paths if _load(p)), None)
+        except Exception as e:  # noqa: BLE001 - importing mlxd must never fail on this
+            log.debug("BLAS search failed: %r", e)
+            paths = []
+        if _loaded is None and choice != "auto":
+            _why = f"MLXD_BLAS={choice} did not load"
+        elif _loaded is None:
+            _why = "none of OpenBLAS, BLIS or MKL loaded" if paths else "no optimized BLAS found"
     if _loaded is None:
         log.debug("BLAS: %s (%s)", REFERENCE, _why)
 
