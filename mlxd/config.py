@@ -17,8 +17,17 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START
-from mlx_lm.utils import _parse_size
+# Nothing here imports mlx: mlxd/__init__.py reads MLXD_BLAS from this module and loads the BLAS
+# before mlx is first imported (mlxd/blas.py).
+DEFAULT_QUANTIZED_KV_START = 5000  # mlx_lm.generate's (tests/test_blas_preload.py checks it)
+
+
+def _parse_size(text: str) -> int:
+    """mlx-lm's size parser ("32GB"), imported when a flag is parsed, after the BLAS loads."""
+    from mlx_lm.utils import _parse_size as parse
+
+    return parse(text)
+
 
 STEP_ORDERS = ("pipelined", "thread")
 THREAD_ROWS = 16  # the thread order's floor: at 8 rows its extra GIL hand-offs lost on an H100
@@ -164,6 +173,8 @@ ENV_VARS = {
     "comma-separated, of qkv, o, gate_up, down, head, qk (default: qkv,o,gate_up,down)",
     "MLXD_GEMV_ROWS": "rows up to which that mode's step takes the gemv (default: 8)",
     "MLXD_GEMV_MAX_MB": "the largest weight, in MB, that mode routes (default: 16)",
+    "MLXD_BLAS": "the CPU backend's BLAS on Linux: auto (default: the first of OpenBLAS, BLIS or "
+    "MKL found), reference (MLX's own) or a library's path",
 }
 GEMV_PARTS = ("qkv", "o", "gate_up", "down", "head", "qk")
 
@@ -185,6 +196,11 @@ def private_dir(path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(0o700)
     return path
+
+
+def blas_choice() -> str:
+    """MLXD_BLAS: auto, reference or a path (mlxd/blas.py)."""
+    return os.environ.get("MLXD_BLAS", "").strip() or "auto"
 
 
 def hf_offline() -> bool:
@@ -282,6 +298,19 @@ def _origins(text: str) -> list[str]:
     return text.split(",")
 
 
+class _Names(argparse.Action):
+    """`--served-model-name NAME [NAME ...]`: one or more non-empty names (vLLM's form)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("default", [])
+        super().__init__(option_strings, dest, nargs="+", metavar="NAME", **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        if any(not v or "\x00" in v for v in values):
+            parser.error(f"{option}: a name is non-empty text")
+        setattr(namespace, self.dest, list(values))
+
+
 def _memory(text: str) -> str:
     """`--memory-budget`: bytes ("24GB") or a share of the machine's memory ("75%"), checked;
     kept as text (a share is resolved where the machine's memory is known)."""
@@ -357,6 +386,18 @@ class ServeConfig:
         help="let a request's model or adapters name any local path or Hugging Face repo, "
         "downloading it if needed (mlx_lm.server's behaviour); off: only the served model, "
         "its aliases and models already in the local Hugging Face cache",
+    )  # fmt: skip
+    served_model_name: list[str] = flag([],
+        "--served-model-name", group=MODEL, action=_Names,
+        help="the served model's names (vLLM's flag): the first is the id /v1/models lists, "
+        "every one is accepted in a request's model (default: the --model value, or the "
+        f"embedded {DEFAULT_MODEL_NAME})",
+    )  # fmt: skip
+    strict_model_names: bool = flag(False,
+        "--strict-model-names", group=MODEL, action="store_true",
+        help="answer 404 to a request naming a model the server does not serve; off: a "
+        "bare name an agent tool sends (gpt-4o, claude-sonnet-4-5) means the served model, "
+        "as /v1/messages takes any name (docs/http-api.md, model names)",
     )  # fmt: skip
     chat_template_args: dict[str, Any] = flag({},
         "--chat-template-args", group=MODEL, parse=json.loads, text="{}",
@@ -605,6 +646,16 @@ class ServeConfig:
     log_level: str = flag("INFO",
         "--log-level", group=SERVER, parse=str, choices=LOG_LEVELS,
         help="Set the logging level (default: INFO)",
+    )  # fmt: skip
+    log_format: str = flag("text",
+        "--log-format", group=SERVER, parse=str, choices=("text", "json"),
+        help="json: every log line is one JSON object (time, level, logger, message and a "
+        "request line's fields), for log collectors (default: text)",
+    )  # fmt: skip
+    access_log: bool = flag(False,
+        "--access-log", group=SERVER, action="store_true",
+        help="also log uvicorn's access line per request (off: mlxd's own request line has "
+        "its status and more, and says when a stream was cancelled)",
     )  # fmt: skip
 
     engine: EngineConfig | None = field(default=None, metadata={

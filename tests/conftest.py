@@ -15,6 +15,12 @@ from fixtures import model_fixtures
 from fixtures.tiny_models import ARCHS
 from hypothesis import settings
 
+# Before any test imports mlx: mlxd's BLAS (mlxd/blas.py). The processes tests start
+# (mlx_lm.server, `python -m mlx_lm`) preload the same one, so their bits compare with ours.
+import mlxd.blas
+
+os.environ.update(mlxd.blas.same_blas(os.environ))
+
 # The tokenizer and tiny-model fixtures, shared with bench/probes/tests.
 qwen3_tokenizer_dir = model_fixtures.qwen3_tokenizer_dir
 tiny_model = model_fixtures.tiny_model

@@ -9,6 +9,7 @@ import faulthandler
 from dataclasses import Field, fields
 from typing import Any
 
+from ..blas import blas_in_use
 from ..config import ConfigError, ServeConfig, apply_to_process
 
 
@@ -46,6 +47,7 @@ def add_parser(subs: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
         help="an OpenAI / Anthropic compatible HTTP server (drop-in for mlx_lm.server)",
         description="Serve a model over HTTP: mlx_lm.server's API, Anthropic Messages and "
         "OpenAI Responses, on one continuous-batching engine.",
+        epilog=f"CPU BLAS: {blas_in_use()} (MLXD_BLAS: auto, reference or a library's path)",
     )
     groups: dict[str, Any] = {}
     for f in fields(ServeConfig):

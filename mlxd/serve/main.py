@@ -4,6 +4,7 @@ import ipaddress
 import logging
 from typing import Any
 
+from ..blas import blas_in_use
 from ..config import ServeConfig
 from ..model import ModelLoadError
 from .app import ServerState, build_app
@@ -80,6 +81,7 @@ def serve(config: ServeConfig) -> None:
     state = make_state(config)
     server = http_server(build_app(state), config)
     log.info("serving %s on http://%s:%d", state.provider.default.name, config.host, config.port)
+    log.info("CPU BLAS: %s", blas_in_use())  # which library MLX's CPU matmuls call
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it stopped on, as uvicorn.run
