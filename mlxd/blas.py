@@ -5,7 +5,11 @@ a 2048x2048 float32 matmul runs at ~8 GFLOP/s with it and ~250 with the distribu
 OpenBLAS. A library loaded RTLD_GLOBAL before `libmlx.so` comes first in the dynamic linker's
 symbol lookup, so MLX's `cblas_sgemm` calls resolve to it; loaded after, it changes nothing.
 `mlxd/__init__.py` calls `preload()` on its first line. `MLXD_BLAS` (mlxd/config.py) picks:
-`auto` (the default: the first optimized BLAS found), `reference` (MLX's own) or a path.
+`reference` (the default: MLX's own), `auto` (the first optimized BLAS found) or a path.
+
+Opt-in, because an optimized BLAS changes bits: against a stock mlx-lm process, and between a
+row run alone and the same row in a batch (its sgemm blocks by the row count), which the
+reference BLAS keeps equal on the CPU as MLX's GPU kernels do for mlx-lm's batches.
 """
 
 import ctypes
@@ -136,7 +140,7 @@ def preload() -> None:
     elif sys.platform != "linux":
         _why = "not Linux"
     elif choice == "reference":
-        _why = "MLXD_BLAS=reference"
+        _why = "MLXD_BLAS=reference, the default; MLXD_BLAS=auto loads an optimized one"
     elif _cuda_backend():
         _why = "MLX's CUDA backend is installed"
     else:

@@ -90,10 +90,9 @@ def thinking_args(thinking: Any) -> dict[str, Any]:
     if thinking is None:
         return {}
     kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind is not None and (budget := thinking.get("budget_tokens")) is not None:
+        check("thinking.budget_tokens", integer(budget), int, lo=0)  # whatever the type
     if kind in ("enabled", "adaptive"):
-        budget = thinking.get("budget_tokens")
-        if budget is not None:
-            check("thinking.budget_tokens", integer(budget), int, lo=0)
         return {"enable_thinking": True}
     if kind == "disabled":
         return {"enable_thinking": False}

@@ -20,7 +20,15 @@ def test_each_vector_is_the_inputs_own_mean_state(tiny_lm, arch: str) -> None:
     got = embed(model, inputs)
     for ids, vector in zip(inputs, got, strict=True):
         v = model.model(mx.array([ids]))[0].astype(mx.float32).mean(axis=0)
-        assert vector == (v / mx.linalg.norm(v)).tolist()
+        assert_same(vector, (v / mx.linalg.norm(v)).tolist())
+
+
+def assert_same(got: list[float], alone: list[float]) -> None:
+    """Bit for bit on the CPU; a GPU's batched kernels round otherwise (an H100: ~5e-6)."""
+    if mx.default_device() == mx.cpu:
+        assert got == alone
+    else:
+        assert mx.allclose(mx.array(got), mx.array(alone), atol=1e-5).item()
 
 
 def test_a_long_input_runs_in_chunks_through_a_cache(tiny_lm, monkeypatch) -> None:
@@ -35,5 +43,6 @@ def test_a_long_input_runs_in_chunks_through_a_cache(tiny_lm, monkeypatch) -> No
     chunked = embed(model, [ids])[0]
     assert caches == [1]
     # the same states up to rounding (attention over a cache, as mlx-lm's chunked prefill)
-    assert mx.allclose(mx.array(chunked), mx.array(whole), atol=1e-5).item()
+    atol = 1e-5 if mx.default_device() == mx.cpu else 1e-4
+    assert mx.allclose(mx.array(chunked), mx.array(whole), atol=atol).item()
     assert chunked != embed(model, [ids[:16]])[0]

@@ -174,6 +174,8 @@ def test_thinking_and_template_args() -> None:
     assert thinking_args({"type": "adaptive"}) == {"enable_thinking": True}
     assert thinking_args({"type": "disabled"}) == {"enable_thinking": False}
     assert "thinking" in refused(thinking_args, {"type": "sometimes"})
+    for kind in ("enabled", "disabled"):  # a bad budget is a 400 whatever the type
+        assert "budget_tokens" in refused(thinking_args, {"type": kind, "budget_tokens": False})
     body = {"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "disabled"}}
     conv = convert_request(body, {"enable_thinking": True, "other": 1})
     assert conv.template_args == {"enable_thinking": False, "other": 1}
@@ -276,12 +278,19 @@ def test_stop_words() -> None:
 
 
 class FakeGeneration:
-    """What `events` reads of a Generation: chunks(), usage, params."""
+    """What `events` reads of a Generation: chunks(), usage, params, its (no) rows and
+    deadline."""
 
     def __init__(self, chunks: list[Chunk], max_tokens: int = 100, prompt_tokens: int = 9):
         self._chunks = chunks
         self.params = GenParams(max_tokens=max_tokens)
         self.usage = Usage(prompt_tokens=prompt_tokens)
+        self.handles: list[Any] = []  # admitted at once: nothing to wait for
+        self.deadline = None
+        self.timed_out = False
+
+    def cancel(self) -> None:
+        pass
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         for chunk in self._chunks:
