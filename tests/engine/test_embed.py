@@ -24,11 +24,11 @@ def test_each_vector_is_the_inputs_own_mean_state(tiny_lm, arch: str) -> None:
 
 
 def assert_same(got: list[float], alone: list[float]) -> None:
-    """Bit for bit on the CPU; a GPU's batched kernels round otherwise (an H100: ~5e-6)."""
+    """Bit for bit on the CPU; a GPU's batched kernels round otherwise (an H100: up to 2e-4)."""
     if mx.default_device() == mx.cpu:
         assert got == alone
     else:
-        assert mx.allclose(mx.array(got), mx.array(alone), atol=1e-5).item()
+        assert mx.allclose(mx.array(got), mx.array(alone), atol=5e-4).item()
 
 
 def test_a_long_input_runs_in_chunks_through_a_cache(tiny_lm, monkeypatch) -> None:

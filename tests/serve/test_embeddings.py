@@ -29,11 +29,11 @@ def client(qwen3_server) -> OpenAI:
 
 
 def assert_same(got: list[list[float]], alone: list[list[float]]) -> None:
-    """Bit for bit on the CPU; a GPU's batched kernels round otherwise (an H100: ~5e-6)."""
+    """Bit for bit on the CPU; a GPU's batched kernels round otherwise (an H100: up to 2e-4)."""
     if mx.default_device() == mx.cpu:
         assert got == alone
     else:
-        assert mx.allclose(mx.array(got), mx.array(alone), atol=1e-5).item()
+        assert mx.allclose(mx.array(got), mx.array(alone), atol=5e-4).item()
 
 
 def direct(lm, ids: list[int], dims: int | None = None, at: int | None = None) -> list[float]:
