@@ -43,23 +43,35 @@ def _error_type(data: dict[str, Any]) -> str | None:
     return "error" if data.get("type") == "error" else None
 
 
+def _frames(text: str) -> list[dict[str, Any] | None]:
+    """Each `data: {...}` line's JSON (None where it is not JSON). Lines end at "\n" only:
+    JSON text may hold U+2028, which str.splitlines() would split on."""
+    out: list[dict[str, Any] | None] = []
+    for line in text.split("\n"):
+        if line.startswith("data: {"):
+            try:
+                out.append(json.loads(line[6:]))
+            except ValueError:
+                out.append(None)
+    return out
+
+
 def stream_refused(text: str) -> bool:
     """The stream ended with a rate-limit error frame: a 429 (--request-timeout before the
     first token) whose status line had already gone out as 200."""
-    for line in text.splitlines():
-        if line.startswith("data: {") and _error_type(json.loads(line[6:])) == "rate_limit_error":
-            return True
-    return False
+    return any(f is not None and _error_type(f) == "rate_limit_error" for f in _frames(text))
 
 
 def stream_problem(text: str) -> str | None:
     """An error frame in a 200 stream (OpenAI's error data, Anthropic's error event, a failed
-    Response) other than a rate-limit refusal, or a stream that did not finish."""
-    for line in text.splitlines():
-        if line.startswith("data: {"):
-            kind = _error_type(json.loads(line[6:]))
-            if kind not in (None, "rate_limit_error"):
-                return f"the stream carries an error frame ({kind})"
+    Response) other than a rate-limit refusal, a frame that is not JSON, or a stream that did
+    not finish."""
+    for frame in _frames(text):
+        if frame is None:
+            return "the stream carries a data line that is not JSON"
+        kind = _error_type(frame)
+        if kind not in (None, "rate_limit_error"):
+            return f"the stream carries an error frame ({kind})"
     done = ("data: [DONE]", "event: message_stop", "event: response.completed",
             "event: response.incomplete", "event: response.failed", "event: error")  # fmt: skip
     if not any(mark in text for mark in done):

@@ -39,3 +39,11 @@ def test_any_other_error_frame_is_a_failure() -> None:
 def test_a_stream_that_stops_short_is_a_failure() -> None:
     assert problem("/v1/x", 200, SSE, 'data: {"choices": []}\n\n') == "the stream did not finish"
     assert problem("/v1/x", 200, SSE, 'data: {"choices": []}\n\ndata: [DONE]\n\n') is None
+
+
+def test_a_frame_with_a_line_separator_in_its_text_is_one_frame() -> None:
+    """JSON keeps U+2028 raw (ensure_ascii=False): it does not end the SSE line."""
+    frame = 'data: {"choices": [{"delta": {"content": "a\u2028b"}}]}\n\ndata: [DONE]\n\n'
+    assert "\u2028" in frame
+    assert problem("/v1/x", 200, SSE, frame) is None and not stream_refused(frame)
+    assert "not JSON" in problem("/v1/x", 200, SSE, 'data: {"a": \n\ndata: [DONE]\n\n')
