@@ -1,6 +1,6 @@
 """With an optimized BLAS loaded, mlx-lm and mlxd in one process still agree bit for bit.
 
-`import mlxd` loads OpenBLAS before mlx (mlxd/blas.py), and mlx-lm imported into the same
+With MLXD_BLAS=auto `import mlxd` loads OpenBLAS before mlx (mlxd/blas.py); mlx-lm in the same
 process runs on it too: one libmlx, one `cblas_sgemm`. Against a stock mlx-lm in another
 process (MLX's reference BLAS) the float32 bits differ, which docs/performance.md states.
 """
@@ -103,6 +103,7 @@ print(json.dumps(dict(mine=mine, stock=child(env), same=child(same_blas(env)))))
 
 def test_same_blas_gives_a_stock_mlx_lm_child_this_process_bits() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXD_BLAS")}
+    env["MLXD_BLAS"] = "auto"  # the opt-in: an optimized BLAS in mlxd's process
     proc = subprocess.run(
         [sys.executable, "-c", PARENT, STOCK],
         capture_output=True,
