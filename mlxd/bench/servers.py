@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 import mlxd
+from mlxd.blas import same_blas
 from mlxd.config import child_environment
 
 SIDES = ("mlx_lm", "mlxd")
@@ -119,8 +120,9 @@ class Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        # The mlxd being benchmarked is the one imported here, installed or not.
-        env = child_environment(str(Path(mlxd.__file__).resolve().parent.parent))
+        # The mlxd being benchmarked is the one imported here, installed or not; both servers
+        # multiply on this process's BLAS (MLXD_BLAS=auto: a stock mlx_lm.server preloads it).
+        env = same_blas(child_environment(str(Path(mlxd.__file__).resolve().parent.parent)))
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
