@@ -6,6 +6,7 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from .prompt import Prompt
 from .provider import Served
 from .request_log import prefill_progress
 from .row_request import build_request
-from .streaming import offload
+from .streaming import interleave, offload
 from .text import ChoiceText, Delta, ForcedToolText
 
 _machines: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -232,30 +233,10 @@ class Generation:
                 async for chunk in self._one(0, self.handles[0]):
                     yield chunk
                 return
-            queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue()
-
-            async def pump(i: int, h: RequestHandle) -> None:
-                try:
-                    async for chunk in self._one(i, h):
-                        queue.put_nowait(chunk)
-                    queue.put_nowait(None)
-                except BaseException as e:  # noqa: BLE001 - re-raised by the reader
-                    queue.put_nowait(e)
-
-            tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(self.handles)]
-            try:
-                remaining = len(tasks)
-                while remaining:
-                    item = await queue.get()
-                    if item is None:
-                        remaining -= 1
-                    elif isinstance(item, BaseException):
-                        raise item
-                    else:
-                        yield item
-            finally:
-                for t in tasks:
-                    t.cancel()
+            streams = [self._one(i, h) for i, h in enumerate(self.handles)]
+            async with aclosing(interleave(streams)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         finally:
             if any(h.done is None for h in self.handles):
                 self.cancel()  # a client that went away frees its rows

@@ -5,6 +5,7 @@ wave, read as one request: choice i * n + j is prompt i's row j, usage sums the 
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
 
@@ -14,7 +15,7 @@ from .app import ServerState
 from .errors import APIError, bad_request
 from .generation import Chunk, Generation, Usage, retry_after
 from .row_request import build_request
-from .streaming import offload
+from .streaming import interleave, offload
 
 
 class Generations:
@@ -83,31 +84,18 @@ class Generations:
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         """Every prompt's chunks as they arrive, renumbered; closing this closes them all."""
-        queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue()
 
-        async def pump(i: int, g: Generation) -> None:
-            try:
-                async for chunk in g.chunks():
-                    queue.put_nowait(replace(chunk, index=i * self.n + chunk.index))
-                queue.put_nowait(None)
-            except BaseException as e:  # noqa: BLE001 - re-raised by the reader
-                queue.put_nowait(e)
+        async def renumbered(i: int, g: Generation) -> AsyncIterator[Chunk]:
+            async for chunk in g.chunks():
+                yield replace(chunk, index=i * self.n + chunk.index)
 
-        tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(self.gens)]
+        streams = [renumbered(i, g) for i, g in enumerate(self.gens)]
         try:
-            remaining = len(tasks)
-            while remaining:
-                item = await queue.get()
-                if item is None:
-                    remaining -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield item
+            async with aclosing(interleave(streams)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
             if self.arrival is not None:
                 self.arrival.replied()  # its client may be back: a new wave may wait for it
         finally:
-            for t in tasks:
-                t.cancel()
             if any(h.done is None for g in self.gens for h in g.handles):
                 self.cancel()  # rows still running (a client gone, an error) are freed

@@ -43,6 +43,36 @@ def _settle(future: asyncio.Future, result: object, error: BaseException | None)
         future.set_result(result)
 
 
+async def interleave(streams: list[AsyncIterator[T]]) -> AsyncIterator[T]:
+    """Every stream's items as they arrive (one task each); the first error is re-raised, and
+    closing this cancels the tasks still reading."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    end = object()
+
+    async def pump(stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait(item)
+            queue.put_nowait(end)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the reader
+            queue.put_nowait(e)
+
+    tasks = [asyncio.create_task(pump(s)) for s in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is end:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # json.dumps builds a new encoder on every call with non-default options; one reused encoder
 # gives the same bytes ~1.6 us sooner a frame (32 streams send a frame each every step).
