@@ -20,6 +20,19 @@ LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
 @dataclass
+class Speculation:
+    """How a row drafts tokens for the target to verify: `ngram` looks its own prompt and output
+    up, `prediction` follows the given tokens (OpenAI Predicted Outputs) and falls back to
+    `ngram` (both in the batched step, engine/speculate/); `draft` runs the engine's draft model
+    with mlx-lm's speculative_generate_step, alone (engine/draft_row.py). Sample-and-match keeps
+    the output's distribution either way."""
+
+    mode: str = "ngram"  # "ngram" | "prediction" | "draft"
+    max_draft: int = 8  # ngram/prediction: a ceiling the per-row gate picks under; draft: k
+    prediction: list[int] | None = None  # the predicted output's tokens (mode "prediction")
+
+
+@dataclass
 class GenerationRequest:
     """One row's work: mlx-lm's generate_step arguments, unchanged in meaning and default."""
 
@@ -60,6 +73,7 @@ class GenerationRequest:
     # Detokenize this row with this tokenizer on the engine thread, beside the step (as mlx-lm's
     # loop does beside its own); None: with the engine's tokenizer, if it has one.
     tokenizer: Any = None
+    speculation: Speculation | None = None  # draft and verify several tokens a step
 
 
 @dataclass
@@ -73,6 +87,7 @@ class TokenEvent:
     finish: str | None = None  # the reason this token ends the row ("stop" / "length"), if it does
     logprob: float | None = None  # when the request asked for it
     top_logprobs: list[tuple[int, float]] | None = None
+    from_draft: bool = False  # a drafted token the target accepted (mlx-lm's from_draft)
 
 
 @dataclass
@@ -88,6 +103,8 @@ class DoneEvent:
     text: str = ""  # the detokenizer's final flush
     prompt_cache: list[Any] | None = None  # when the request asked for it
     timings: dict[str, float] = field(default_factory=dict)
+    drafted_tokens: int = 0  # draft tokens the target verified for this row
+    accepted_tokens: int = 0  # of those, the ones it kept (each emitted as a token)
 
 
 # The caller's side of a submitted request: a stream of events, usable from threads or asyncio.
