@@ -28,9 +28,10 @@ from .output import RowOutput
 from .overlap import StepEncoder, StepPhases, stream
 from .prefill import keep_buffers, wave_size
 from .prefix import Plan, PrefixSharing
-from .request import DoneEvent, GenerationRequest, RequestHandle, TokenEvent
+from .request import DoneEvent, GenerationRequest, RequestHandle, Speculation, TokenEvent
 from .rng import current_key, repair_key
 from .sampling import Key, KeyedSampler, default_on
+from .speculate.drafting import Drafting, drafts_in_batch
 
 log = logging.getLogger("mlxd.engine")
 
@@ -90,6 +91,16 @@ def _wants(rows: dict[int, BatchedRow]) -> Callable[[int], tuple[bool, int] | No
         if row is None or (not row.req.logprob and row.req.top_logprobs <= 0):
             return None
         return row.req.logprob, row.req.top_logprobs
+
+    return lookup
+
+
+def _speculation(rows: dict[int, BatchedRow]) -> Callable[[int], Speculation | None]:
+    """A row's Speculation by uid (a closure over the rows only, as `_wants`)."""
+
+    def lookup(uid: int) -> Speculation | None:
+        row = rows.get(uid)
+        return row.req.speculation if row is not None else None
 
     return lookup
 
@@ -185,6 +196,8 @@ class BatchedRows:
         for uid, row in zip(uids, rows, strict=True):
             row.uid = uid
             self.rows[uid] = row
+        if self.decode.drafting is None and any(drafts_in_batch(r.req) for r in rows):
+            self.decode.drafting = Drafting(_speculation(self.rows))
 
     @staticmethod
     def _segments(row: BatchedRow, feed: list[int], history: list[int]) -> list[list[int]]:
@@ -288,18 +301,26 @@ class BatchedRows:
         failed = dict(self.failed)  # rows whose own input, processor or sampler raised
         self.failed.clear()
         reads = self.decode.current_read
+        read: set[int] = set()  # a verify step answers a row with several tokens: the first
+        drafting = self.decode.drafting  # has the step's figures, the rest their logprobs
         for r in responses:
             if failed and r.uid in failed:
                 continue  # its token is not handed over (as a serial row's would not be)
-            row = self.rows[r.uid]
+            row = self.rows.get(r.uid)
+            if row is None:
+                continue  # it ended on an earlier token of this step
             try:  # its text, stop check or logprob figures raising end this row only
                 row.generated.append(r.token)
-                event, reason = row.out.token(r.token, r.logprobs, reads.get(r.uid))
+                figures = reads.get(r.uid) if r.uid not in read else None
+                read.add(r.uid)
+                event, reason = row.out.token(r.token, r.logprobs, figures)
                 event.finish = reason = reason or r.finish_reason
                 if reason is None:
                     events.append((row.handle, event))
                     continue
                 done = row.out.done(reason)
+                if drafting is not None:
+                    done.drafted_tokens, done.accepted_tokens = drafting.stats(r.uid)
                 if row.req.return_prompt_cache:
                     done.prompt_cache = r.prompt_cache
                 self._finished(row, r)

@@ -31,6 +31,7 @@ from .kernel_window import StepClock
 from .output import Readout
 from .overlap import StepEncoder, StepPhases
 from .sampling import LogitBias, Penalty, sample_rows
+from .speculate.drafting import Drafting
 
 
 def _kinds(processors: list[Any] | None) -> tuple[Any, list[Penalty], Any] | None:
@@ -84,6 +85,21 @@ class BiasedGenerationBatch(GenerationBatch):
         batch.wants, batch.current_read, batch._next_read = lambda _uid: None, {}, {}
         return batch
 
+    drafting: Drafting | None = None  # rows that speculate (speculate/), when any joined
+
+    def next(self) -> list[Any]:
+        """GenerationBatch.next, or a verify step when drafting rows have drafts worth it."""
+        if self.drafting is None or not self.uids:
+            return super().next()
+        kinds = [_kinds(p) for p in self.logits_processors]
+        if any(k is None for k in kinds):
+            return super().next()  # a caller's processor: mlx-lm's own step
+
+        def process(inputs: mx.array, logits: mx.array) -> mx.array:
+            return self.process(inputs, logits, kinds)  # type: ignore[arg-type]
+
+        return self.drafting.next(self, super().next, process)
+
     def _step(self) -> tuple[list[int], list[mx.array]]:
         # kept while the step runs: a step that raises is undone from it (generator.py)
         self.before = before = step_offsets.offsets(self.prompt_cache)
@@ -115,32 +131,11 @@ class BiasedGenerationBatch(GenerationBatch):
             self.settle()  # mlx-lm's step evaluates on this thread
             self._hot = False
             return super()._step()  # a processor of the caller's own: mlx-lm's step
-        biases = [k[0] for k in kinds]  # type: ignore[index]
-        penalties = [k[1] for k in kinds]  # type: ignore[index]
-        grammars = [k[2] for k in kinds]  # type: ignore[index]
         self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
         inputs = self._current_tokens
         logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
-        # mlx-lm's token history, for the rows whose processors read it
-        contexts = {
-            e: self._token_context[e].update_and_fetch(inputs[e : e + 1])
-            for e in range(len(kinds))
-            if penalties[e] or grammars[e] is not None
-        }
-        masks = None
-        if any(grammars):
-            self.settle()  # the masks read the last step's tokens here
-            mx.async_eval(logits)  # the forward runs while the CPU fills the masks
-            masks = self._masks(inputs, grammars)
-        if any(biases):
-            rows, cols, values = self._scatter(biases)
-            logits = logits.at[rows, cols].add(values)
-        if any(penalties):
-            logits = apply_penalties(logits, penalties, contexts)
-        if masks is not None:
-            constrained = [e for e, g in enumerate(grammars) if g is not None]
-            logits = apply_bitmask(logits, masks, constrained)
+        logits = self.process(inputs, logits, kinds)  # type: ignore[arg-type]
         # From here on, GenerationBatch._step's own lines.
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samplers = [
@@ -178,6 +173,33 @@ class BiasedGenerationBatch(GenerationBatch):
         for history, token in zip(self.tokens, tokens, strict=True):
             history.append(token)
         return tokens, self._current_logprobs
+
+    def process(self, inputs: mx.array, logits: mx.array, kinds: list[tuple]) -> mx.array:
+        """Every row's biases, penalties and grammar mask on `logits` (B, vocab), the logits of
+        the step that feeds `inputs`; `kinds`: each row's `_kinds`."""
+        biases = [k[0] for k in kinds]
+        penalties = [k[1] for k in kinds]
+        grammars = [k[2] for k in kinds]
+        # mlx-lm's token history, for the rows whose processors read it
+        contexts = {
+            e: self._token_context[e].update_and_fetch(inputs[e : e + 1])
+            for e in range(len(kinds))
+            if penalties[e] or grammars[e] is not None
+        }
+        masks = None
+        if any(grammars):
+            self.settle()  # the masks read the last step's tokens here
+            mx.async_eval(logits)  # the forward runs while the CPU fills the masks
+            masks = self._masks(inputs, grammars)
+        if any(biases):
+            rows, cols, values = self._scatter(biases)
+            logits = logits.at[rows, cols].add(values)
+        if any(penalties):
+            logits = apply_penalties(logits, penalties, contexts)
+        if masks is not None:
+            constrained = [e for e, g in enumerate(grammars) if g is not None]
+            logits = apply_bitmask(logits, masks, constrained)
+        return logits
 
     def _queue_and_read(self, inputs: mx.array, reads: list[mx.array]) -> list[int]:
         """Queue this step and read the last one's tokens on this thread, in the step order."""

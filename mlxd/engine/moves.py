@@ -21,6 +21,7 @@ from .request import DoneEvent, GenerationRequest, RequestHandle, TokenEvent
 from .rng import KeyOwner, current_key
 from .sampling import seed_key
 from .serial import SerialRow
+from .speculate.drafting import drafts_in_batch
 
 Serial = tuple[SerialRow, RequestHandle, RowOutput]
 
@@ -59,6 +60,8 @@ def drain_keeps_bits(attention: str) -> bool:
 
 def last_row_out(batch: BatchedRows, model: Any, keys: KeyOwner) -> Serial | None:
     """The batch's only row back on plain serial caches, or None if it cannot leave yet."""
+    if any(drafts_in_batch(r.req) for r in batch.rows.values()):
+        return None  # it drafts in the batched step, alone or not
     lone = batch.lone_row()
     if lone is None:
         return None

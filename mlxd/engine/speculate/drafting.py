@@ -1,0 +1,183 @@
+"""Speculation in the batched step: which rows draft, how wide, and the bookkeeping after.
+
+Each step, every drafting row proposes from what its cache holds (prompt lookup, or the
+prediction it was given); the gate (gate.py) weighs those proposals against the measured cost
+of a wider step. A plain step keeps mlx-lm's pipelined GenerationBatch step; a verify step
+(verify.py) reads the pending tokens, drafts after them and verifies every row at once. Rows
+whose caches cannot be cut back (sliding-window rings, recurrent state) never get here: the
+engine refuses their speculation up front (`refusal`).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlx_lm.models.cache import BatchKVCache
+
+from ...kv.batch_quantized import BatchQuantizedKVCache
+from ...kv.batch_roll import RollingBatchKVCache
+from ..request import Speculation
+from .gate import Acceptance, StepCosts, choose_width
+from .ngram import BACK, SIZES, NgramIndex
+from .verify import verify
+
+# Batch layers a verify step can cut back per row (trim, then a right-padding roll).
+TRIMMABLE = (BatchKVCache, RollingBatchKVCache, BatchQuantizedKVCache)
+TAIL = BACK + max(SIZES) + 1  # the tokens a lookup reads
+
+
+def drafts_in_batch(req: Any) -> bool:
+    """The request drafts in the batched step (prompt lookup or a prediction)."""
+    spec = req.speculation
+    return spec is not None and spec.mode in ("ngram", "prediction") and spec.max_draft > 0
+
+
+@dataclass
+class RowDrafter:
+    """One drafting row: its tokens indexed, the prediction it follows, its acceptance."""
+
+    spec: Speculation
+    own: NgramIndex  # everything in the row's cache and emitted since
+    predicted: NgramIndex | None = None  # [-1] + the prediction's tokens
+    output: list[int] = field(default_factory=lambda: [-1])  # [-1] + the row's emitted tokens
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    drafted: int = 0
+    accepted: int = 0
+    guess: int | None = None  # what its last proposal said the pending token would be
+
+    def propose(self, pending: int | None, k: int) -> list[int]:
+        """Up to k tokens after the pending one (or, when it is unknown, starting with it)."""
+        if k <= 0:
+            return []
+        extra = [pending] if pending is not None else []
+        if self.predicted is not None:
+            got = self.predicted.propose(self.output[-TAIL:] + extra, k)
+            if got:
+                return got
+        return self.own.propose(self.own.tokens[-TAIL:] + extra, k)
+
+    def emit(self, token: int) -> None:
+        self.own.extend((token,))
+        if self.predicted is not None:
+            self.output.append(token)
+
+
+class Drafting:
+    """The drafting rows of one batch, by uid (`lookup`: a uid's Speculation, or None)."""
+
+    def __init__(self, lookup: Callable[[int], Speculation | None]) -> None:
+        self.lookup = lookup
+        self.rows: dict[int, RowDrafter] = {}
+        self.costs = StepCosts()
+        self.known: dict[int, int] = {}  # pending tokens a verify step left on the host
+        self.plain: set[int] = set()  # rows that never draft
+
+    def next(self, batch: Any, plain: Callable[[], list[Any]], process: Callable) -> list[Any]:
+        """One step of `batch`: plain (`plain()`, GenerationBatch.next) or a verify step."""
+        eligible = self._eligible(batch)
+        rows = len(batch.uids)
+        width = 0
+        if eligible:
+            offers = []
+            for i, d in eligible:
+                room = min(d.spec.max_draft, batch.max_tokens[i] - batch._num_tokens[i] - 1)
+                uid = batch.uids[i]
+                if uid in self.known:
+                    n, d.guess = len(d.propose(self.known[uid], room)), None
+                else:
+                    got = d.propose(None, room + 1)
+                    d.guess = got[0] if got else None
+                    n = max(len(got) - 1, 0)
+                offers.append((d.acceptance, n))
+            ceiling = max(d.spec.max_draft for _, d in eligible)
+            width = choose_width(rows, offers, self.costs, ceiling)
+        if width:
+            responses = self._verify(batch, eligible, width, process)
+            if responses is not None:
+                return responses
+        self.costs.start(rows, 0)
+        responses = plain()
+        self.known = {}
+        self._shadow(responses)
+        self._emitted(responses)
+        return responses
+
+    def _eligible(self, batch: Any) -> list[tuple[int, RowDrafter]]:
+        """(index, drafter) of the rows that may draft this step; drafters of rows gone go."""
+        uids = batch.uids
+        live = set(uids)
+        if not live.issuperset(self.rows):
+            self.rows = {u: d for u, d in self.rows.items() if u in live}
+            self.plain &= live
+        if not all(type(c) in TRIMMABLE for c in batch.prompt_cache):
+            return []
+        out = []
+        for i, uid in enumerate(uids):
+            d = self.rows.get(uid)
+            if d is None:
+                if uid in self.plain:
+                    continue
+                spec = self.lookup(uid)
+                if spec is None or spec.mode not in ("ngram", "prediction") or spec.max_draft < 1:
+                    self.plain.add(uid)
+                    continue
+                if batch.logits_processors and batch.logits_processors[i]:
+                    continue  # processors read one position's history: not drafted (yet)
+                d = self.rows[uid] = self._drafter(spec, batch, i)
+            out.append((i, d))
+        return out
+
+    @staticmethod
+    def _drafter(spec: Speculation, batch: Any, i: int) -> RowDrafter:
+        d = RowDrafter(spec, NgramIndex(batch.tokens[i]))
+        if spec.mode == "prediction" and spec.prediction:
+            d.predicted = NgramIndex([-1, *spec.prediction])
+            done = batch._num_tokens[i]
+            d.output += batch.tokens[i][len(batch.tokens[i]) - done :] if done else []
+        return d
+
+    def _verify(self, batch: Any, eligible: list, width: int, process: Callable) -> Any:
+        """A verify step of `width`, or None when no row has a draft after its pending token."""
+        batch.settle()
+        pending = batch._next_tokens.tolist()
+        drafts: list[list[int]] = [[] for _ in pending]
+        for i, d in eligible:
+            room = min(width, batch.max_tokens[i] - batch._num_tokens[i] - 1)
+            drafts[i] = d.propose(pending[i], room)
+        if not any(drafts):
+            return None
+        if batch.phases is not None:
+            batch.phases.held.release()  # no queue point of ours in this step
+        batch._hot = False
+        self.costs.start(len(pending), max(len(d) for d in drafts))
+        responses, accepted = verify(batch, pending, drafts, process)
+        for i, d in eligible:
+            if drafts[i]:
+                d.acceptance.update(len(drafts[i]), accepted[i])
+                d.drafted += len(drafts[i])
+                d.accepted += accepted[i]
+        nxt = batch._next_tokens.tolist() if batch.uids else []
+        self.known = dict(zip(batch.uids, nxt, strict=True))
+        self._emitted(responses)
+        return responses
+
+    def _shadow(self, responses: list[Any]) -> None:
+        """A plain step's token checks the guess of each row that did not draft (no cost)."""
+        seen = set()
+        for r in responses:
+            d = self.rows.get(r.uid)
+            if d is None or r.uid in seen or d.guess is None:
+                continue
+            seen.add(r.uid)
+            d.acceptance.update(1, int(d.guess == r.token))
+            d.guess = None
+
+    def _emitted(self, responses: list[Any]) -> None:
+        for r in responses:
+            if (d := self.rows.get(r.uid)) is not None:
+                d.emit(r.token)
+
+    def stats(self, uid: int) -> tuple[int, int]:
+        """(drafted, accepted) tokens of a row so far."""
+        d = self.rows.get(uid)
+        return (d.drafted, d.accepted) if d is not None else (0, 0)

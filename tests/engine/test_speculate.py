@@ -1,0 +1,102 @@
+"""Speculation in the batched step: greedy output token for token what the engine gives without
+it, whether drafts are all accepted, partly, or not at all, rows accepting different counts in
+one step (the ragged roll-back), rows that draft beside rows that do not, stop and length inside
+an accepted run, and the drafted / accepted counts on the final event."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from mlxd.engine.engine import Engine
+from mlxd.engine.request import GenerationRequest, Speculation
+
+TEXTS = ["Hello there my friend", "Tell me a long story about a cat and a dog please", "x y z"]
+
+
+def _load(tiny_model: Callable[..., Path], arch: str):
+    from mlx_lm import load
+
+    return load(str(tiny_model(arch)))
+
+
+def _req(prompt: list[int], n: int, spec: Speculation | None = None, **kw) -> GenerationRequest:
+    return GenerationRequest(prompt=mx.array(prompt), max_tokens=n, speculation=spec, **kw)
+
+
+def _run(model, reqs: list[GenerationRequest]) -> list[tuple[list[int], list[mx.array], object]]:
+    engine = Engine(model)
+    try:
+        handles = engine.submit_many(reqs)
+        out = []
+        for h in handles:
+            events = list(h)
+            out.append(([e.token for e in events], [e.logprobs for e in events], h.done))
+        return out
+    finally:
+        engine.close()
+
+
+def _same_logprobs(a: list[mx.array], b: list[mx.array]) -> bool:
+    return all(mx.array_equal(x, y).item() for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_predicted_output_is_token_identical_and_accepted(tiny_model, arch: str) -> None:
+    """A prediction equal to the plain output: every draft accepted, the same tokens."""
+    model, tok = _load(tiny_model, arch)
+    prompts = [tok.encode(t) for t in TEXTS]
+    plain = _run(model, [_req(p, 24) for p in prompts])
+    spec = [Speculation("prediction", 5, toks) for toks, _, _ in plain]
+    got = _run(model, [_req(p, 24, s) for p, s in zip(prompts, spec, strict=True)])
+    for (want, wlp, _), (toks, lps, done) in zip(plain, got, strict=True):
+        assert toks == want
+        assert _same_logprobs(lps, wlp)
+        assert done.drafted_tokens > 0
+        assert done.accepted_tokens == done.drafted_tokens
+
+
+def test_ragged_acceptance_keeps_every_row_exact(tiny_model) -> None:
+    """Rows whose predictions go wrong at different places: each row keeps its own accepted
+    run, the caches are rolled back per row, and the tokens stay the plain ones."""
+    model, tok = _load(tiny_model, "qwen3")
+    prompts = [tok.encode(t) for t in TEXTS]
+    plain = _run(model, [_req(p, 30) for p in prompts])
+    specs = []
+    for r, (toks, _, _) in enumerate(plain):
+        wrong = list(toks)
+        for j in range(3 + 2 * r, len(wrong), 7 + r):
+            wrong[j] = (wrong[j] + 1) % 1000  # a different token every few places
+        specs.append(Speculation("prediction", 6, wrong))
+    got = _run(model, [_req(p, 30, s) for p, s in zip(prompts, specs, strict=True)])
+    for (want, wlp, _), (toks, lps, done) in zip(plain, got, strict=True):
+        assert toks == want
+        assert _same_logprobs(lps, wlp)
+        assert 0 < done.accepted_tokens < done.drafted_tokens
+
+
+def test_drafting_rows_beside_plain_rows_and_prompt_lookup(tiny_model) -> None:
+    model, tok = _load(tiny_model, "qwen3")
+    prompts = [tok.encode(t) for t in TEXTS]
+    plain = _run(model, [_req(p, 40) for p in prompts])
+    specs = [Speculation("ngram", 4), None, Speculation("prediction", 3, plain[2][0])]
+    got = _run(model, [_req(p, 40, s) for p, s in zip(prompts, specs, strict=True)])
+    for (want, _, _), (toks, _, _) in zip(plain, got, strict=True):
+        assert toks == want
+    assert got[1][2].drafted_tokens == 0
+    assert got[2][2].accepted_tokens > 0
+
+
+def test_stop_token_inside_an_accepted_run_ends_there(tiny_model) -> None:
+    model, tok = _load(tiny_model, "qwen3")
+    prompt = tok.encode(TEXTS[1])
+    (want, _, _), = _run(model, [_req(prompt, 20)])
+    stop = want[7]
+    cut = want[: want.index(stop) + 1]
+    spec = Speculation("prediction", 8, want)
+    (toks, _, done), = _run(model, [_req(prompt, 20, spec, stop_token_ids=frozenset({stop}))])
+    assert toks == cut
+    assert done.reason == "stop"
+    (toks, _, done), = _run(model, [_req(prompt, 5, spec)])
+    assert toks == want[:5] and done.reason == "length"
