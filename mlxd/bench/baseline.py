@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .report import spread
-from .servers import LABEL, SIDES
+from .variants import LABEL, SIDES
 
 ROUNDS = 2  # generate_step rounds per baseline run, after its own warm-up round
 

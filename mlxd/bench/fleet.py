@@ -4,6 +4,7 @@ but deterministic words, the same for every server; EOS and control tokens are b
 `logit_bias` so every turn generates exactly `max_tokens` tokens."""
 
 import asyncio
+import hashlib
 import json
 import random
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from .accept import acceptance, drafts
 from .report import percentile
 
 SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
@@ -61,6 +63,8 @@ class Workload:
     temperature: float = 0.0  # > 0: each agent samples (its own sampler on either server)
     top_p: float = 1.0
     lengths: list[list[int]] | None = None  # per agent and turn: its reply's tokens (--min-tokens)
+    kind: str = "fleet"  # or "edit" (edit.py): replies end at EOS, nothing banned
+    sources: list[dict[str, Any]] | None = None  # edit: each agent's file, cut and changes
 
     def tokens(self, agent: int, turn: int) -> int:
         return self.lengths[agent][turn] if self.lengths else self.max_tokens
@@ -72,8 +76,9 @@ class Workload:
             "temperature": self.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "logit_bias": {str(t): BAN for t in self.banned},
         }
+        if self.banned:
+            body["logit_bias"] = {str(t): BAN for t in self.banned}
         return body | ({"top_p": self.top_p} if self.top_p != 1.0 else {})
 
 
@@ -158,6 +163,7 @@ async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], t0: float) -
     rec["completion_tokens"] = usage.get("completion_tokens", 0)
     rec["prompt_tokens"] = usage.get("prompt_tokens", 0)
     rec["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    rec |= drafts(usage)
     rec["text"] = "".join(text)
     return rec
 
@@ -175,6 +181,8 @@ async def agent(client: httpx.AsyncClient, wl: Workload, i: int, t0: float) -> l
         text = rec.pop("text")
         out.append({"agent": i, "turn": turn, "sent_s": sent, "requested_tokens": want, **rec})
         out[-1]["reply_chars"] = len(text)
+        # Greedy replies compared across servers (speculation must not change a token).
+        out[-1]["reply_sha1"] = hashlib.sha1(text.encode()).hexdigest()
         if rec["error"]:
             break
         messages.append({"role": "assistant", "content": text})
@@ -220,4 +228,4 @@ def aggregate(records: list[dict[str, Any]], wall_s: float, max_tokens: int) -> 
         "ttft_p99_s": _pct(ttft, 99),
         "itl_p50_ms": _pct(gaps, 50),
         "itl_p99_ms": _pct(gaps, 99),
-    }
+    } | acceptance(ok)

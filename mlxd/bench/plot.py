@@ -4,7 +4,8 @@ and TTFT against the number of agents."""
 from pathlib import Path
 from typing import Any
 
-from .servers import LABEL, SIDES
+from .accept import ACCEPT_METRICS, has_acceptance
+from .variants import label, ratio_pairs
 
 # (key in a run's figures, column label, better direction, digits)
 SERVE_METRICS = [
@@ -28,35 +29,63 @@ def cell(s: dict[str, Any] | None, digits: int) -> str:
 def markdown(result: dict[str, Any]) -> str:
     """The table: one row per server and N, then the ratio mlxd / mlx-lm of the medians."""
     a, model, env = result["args"], result["model"], result["env"]
-    sides = [s for s in SIDES if s in result["sides"]]
+    sides = list(result["sides"])
+    metrics = [(k, lab, d) for k, lab, _, d in SERVE_METRICS]
+    metrics += ACCEPT_METRICS if has_acceptance(result) else []
     lines = [
         f"`{result['command']}`",
         "",
         f"model {model['name']} ({model['path']}); device {env['device']}, {env['cpu_count']} "
         f"CPUs; mlx {env['mlx']}, mlx-lm {env['mlx_lm']}, mlxd {env['mlxd']}",
-        f"{a['turns']} turns per agent, {a['max_tokens']} tokens per turn (EOS banned), system "
-        f"prompt {model['system_tokens']} tokens; {a['rounds']} round(s) per N "
+        _workload_line(result) + f"; {a['rounds']} round(s) per N "
         "(median [min-max]); caps: " + ", ".join(_caps(result, s) for s in sides),
+        *_variant_lines(result),
         "",
     ]
-    head = ["agents", "server", *(m[1] for m in SERVE_METRICS), "requests", "out tokens"]
+    head = ["agents", "server", *(m[1] for m in metrics), "requests", "out tokens"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n, per in result["summary"].items():
         for side in sides:
-            cells = [cell(per[side].get(k), d) for k, _, _, d in SERVE_METRICS]
+            cells = [cell(per[side].get(k), d) for k, _, d in metrics]
             counts = [str(per[side]["requests"]), str(per[side]["output_tokens"])]
-            lines.append(f"| {n} | {LABEL[side]} | " + " | ".join(cells + counts) + " |")
-        if len(sides) == 2:
-            ratios = [per["ratio"].get(k) for k, *_ in SERVE_METRICS]
-            cells = ["n/a" if r is None else f"{r:.3f}" for r in ratios]
-            lines.append(f"| {n} | mlxd/mlx-lm | " + " | ".join(cells) + " | | |")
-    better = ", ".join(f"{label}: {b}" for _, label, b, _ in SERVE_METRICS)
+            lines.append(f"| {n} | {label(side)} | " + " | ".join(cells + counts) + " |")
+        for x, y in ratio_pairs(sides):
+            ratios = per.get("ratios", {}).get(f"{x}/{y}", per["ratio"])
+            cells = ["n/a" if (r := ratios.get(k)) is None else f"{r:.3f}" for k, *_ in metrics]
+            lines.append(f"| {n} | {label(x)}/{label(y)} | " + " | ".join(cells) + " | | |")
+    better = ", ".join(f"{lab}: {b}" for _, lab, b, _ in SERVE_METRICS)
     lines += ["", f"better: {better}; ITL is the gap between streamed chunks."]
+    if has_acceptance(result):
+        lines[-1] += " accept rate: accepted / drafted tokens; accepted/req: per request."
     return "\n".join(lines) + "\n"
 
 
+def _workload_line(result: dict[str, Any]) -> str:
+    a, model = result["args"], result["model"]
+    if a.get("workload") == "edit":
+        return (
+            f"edit: each agent sends its own {a['file_tokens']}-token Python file and asks for "
+            f"it back with one change, {a['turns']} turn(s) (EOS ends a reply)"
+        )
+    return (
+        f"{a['turns']} turns per agent, {a['max_tokens']} tokens per turn (EOS banned), system "
+        f"prompt {model['system_tokens']} tokens"
+    )
+
+
+def _variant_lines(result: dict[str, Any]) -> list[str]:
+    """Each variant's flags, and whether its greedy replies were mlxd's to the byte."""
+    same = result.get("same_replies", {})
+    return [
+        f"{label(side)}: mlxd {' '.join(map(str, data.get('flags', [])))}"
+        + (f"; replies identical to mlxd's: {same[side]}" if side in same else "")
+        for side, data in result["sides"].items()
+        if side.startswith("mlxd-")
+    ]
+
+
 def _caps(result: dict[str, Any], side: str) -> str:
-    return f"{LABEL[side]} {result['sides'][side]['cap']}"
+    return f"{label(side)} {result['sides'][side]['cap']}"
 
 
 def plot(result: dict[str, Any], path: str | Path) -> None:
@@ -68,12 +97,13 @@ def plot(result: dict[str, Any], path: str | Path) -> None:
 
     ns = [int(n) for n in result["summary"]]
     fig, (ax_tps, ax_ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for side in (s for s in SIDES if s in result["sides"]):
-        colour = {"mlx_lm": "tab:blue", "mlxd": "tab:orange"}[side]
-        for ax, key, style, label in (
-            (ax_tps, "output_tok_s", "-o", LABEL[side]),
-            (ax_ttft, "ttft_p50_s", "-o", f"{LABEL[side]} p50"),
-            (ax_ttft, "ttft_p99_s", "--s", f"{LABEL[side]} p99"),
+    palette = iter(["tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive"])
+    for side in result["sides"]:
+        colour = {"mlx_lm": "tab:blue", "mlxd": "tab:orange"}.get(side) or next(palette, "gray")
+        for ax, key, style, name in (
+            (ax_tps, "output_tok_s", "-o", label(side)),
+            (ax_ttft, "ttft_p50_s", "-o", f"{label(side)} p50"),
+            (ax_ttft, "ttft_p99_s", "--s", f"{label(side)} p99"),
         ):
             stats = [result["summary"][str(n)][side].get(key) for n in ns]
             if any(s is None for s in stats):
@@ -83,7 +113,7 @@ def plot(result: dict[str, Any], path: str | Path) -> None:
                 [m - s["min"] for m, s in zip(med, stats, strict=True)],
                 [s["max"] - m for m, s in zip(med, stats, strict=True)],
             ]
-            ax.errorbar(ns, med, yerr=err, fmt=style, color=colour, label=label, capsize=3)
+            ax.errorbar(ns, med, yerr=err, fmt=style, color=colour, label=name, capsize=3)
     a = result["args"]
     ax_tps.set(title="aggregate output throughput", xlabel="agents N", ylabel="output tok/s")
     ax_ttft.set(title="time to first token", xlabel="agents N", ylabel="TTFT s")

@@ -7,15 +7,19 @@ is a whole side apart."""
 from typing import Any
 
 from .report import spread
+from .variants import label, ratio_pairs
 
 METRICS = (("output_tok_s", "tok/s"), ("ttft_p99_s", "TTFT p99"))
 
 
-def round_ratios(result: dict[str, Any], n: int, key: str) -> list[float]:
-    """mlxd's figure over mlx_lm.server's, round by round, where both rounds have it."""
+def round_ratios(
+    result: dict[str, Any], n: int, key: str, mine_side: str = "mlxd", peer_side: str = "mlx_lm"
+) -> list[float]:
+    """mlxd's figure over mlx_lm.server's (or one side's over another's), round by round, where
+    both rounds have it."""
     sides = result.get("sides", {})
-    mine = sides.get("mlxd", {}).get("runs", {}).get(str(n), [])
-    peer = sides.get("mlx_lm", {}).get("runs", {}).get(str(n), [])
+    mine = sides.get(mine_side, {}).get("runs", {}).get(str(n), [])
+    peer = sides.get(peer_side, {}).get("runs", {}).get(str(n), [])
     out = []
     for a, b in zip(mine, peer, strict=False):
         x, y = a["figures"].get(key), b["figures"].get(key)
@@ -25,17 +29,21 @@ def round_ratios(result: dict[str, Any], n: int, key: str) -> list[float]:
 
 
 def rounds_line(result: dict[str, Any], ns: list[int]) -> str:
-    """One line per N with two or more paired rounds: each metric's median [min-max] ratio."""
-    lines = []
-    for n in ns:
-        cells = []
-        for key, label in METRICS:
-            if len(pairs := round_ratios(result, n, key)) >= 2:
-                s = spread(pairs)
-                cells.append(f"{label} {s['median']:.3f}x [{s['min']:.3f}-{s['max']:.3f}]")
-        if cells:
-            lines.append(f"N={n}: " + ", ".join(cells))
-    if not lines:
-        return ""
+    """Per compared pair of sides, one line per N with two or more paired rounds: each
+    metric's median [min-max] ratio."""
     how = "interleaved" if result.get("interleaved") else "one side after the other"
-    return f"\nmlxd/mlx-lm round by round (rounds run {how}): " + "; ".join(lines) + "\n"
+    out = ""
+    for a, b in ratio_pairs(list(result.get("sides", {}))):
+        lines = []
+        for n in ns:
+            cells = []
+            for key, name in METRICS:
+                if len(pairs := round_ratios(result, n, key, a, b)) >= 2:
+                    s = spread(pairs)
+                    cells.append(f"{name} {s['median']:.3f}x [{s['min']:.3f}-{s['max']:.3f}]")
+            if cells:
+                lines.append(f"N={n}: " + ", ".join(cells))
+        if lines:
+            head = f"{label(a)}/{label(b)} round by round (rounds run {how}): "
+            out += "\n" + head + "; ".join(lines) + "\n"
+    return out

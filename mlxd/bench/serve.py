@@ -14,13 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .accept import ACCEPT_METRICS, same_replies
 from .baseline import baseline_line, pooled_baseline, run_baseline
-from .fleet import banned_tokens, build_workload
+from .edit import build_edit_workload
+from .fleet import Workload, banned_tokens, build_workload
 from .plot import SERVE_METRICS, markdown, plot
 from .report import spread
 from .rounds import rounds_line
-from .servers import LABEL, SIDES
 from .side import Plan, ServedSide
+from .variants import ratio_pairs, run_sides
 
 
 def resolve_model(ref: str | None) -> Path:
@@ -47,6 +49,8 @@ def load_tokenizer(model: Path) -> tuple[Any, list[int]]:
 def bench_command(args: Any, model: Path) -> str:
     """The command line that reproduces this run (outputs left out)."""
     parts = ["mlxd bench serve", f"--model {model}", f"--agents {','.join(map(str, args.agents))}"]
+    if getattr(args, "workload", "fleet") == "edit":
+        parts += ["--workload edit", f"--file-tokens {args.file_tokens}"]
     parts += [f"--turns {args.turns}", f"--max-tokens {args.max_tokens}"]
     parts += [f"--min-tokens {args.min_tokens}"] if getattr(args, "min_tokens", None) else []
     parts += [f"--system-tokens {args.system_tokens}", f"--rounds {args.rounds}"]
@@ -62,6 +66,8 @@ def bench_command(args: Any, model: Path) -> str:
         parts += [f"--cache-limit-gb {cap:g}"]
     for flag, value in (("--mlxd-args", args.mlxd_args), ("--mlx-lm-args", args.mlx_lm_args)):
         parts += [f"{flag} {shlex.quote(value)}"] if value else []
+    for name, flags in getattr(args, "mlxd_variant", None) or []:
+        parts += [f"--mlxd-variant {shlex.quote(f'{name}={flags}')}"]
     return " ".join(parts)
 
 
@@ -92,24 +98,57 @@ def run_interleaved(
 
 
 def summarize(result: dict[str, Any], ns: list[int]) -> dict[str, Any]:
-    """Per N and side: each metric's median [min-max] over rounds; ratio of medians."""
+    """Per N and side: each metric's median [min-max] over rounds; per compared pair of sides
+    (`ratios`, "mlxd/mlx_lm" also as `ratio`): the ratio of medians."""
     out: dict[str, Any] = {}
+    keys = [m[0] for m in SERVE_METRICS] + [m[0] for m in ACCEPT_METRICS]
     for n in ns:
-        per: dict[str, Any] = {"ratio": {}}
+        per: dict[str, Any] = {}
         for side, data in result["sides"].items():
             figs = [run["figures"] for run in data["runs"][str(n)]]
             per[side] = {"requests": sum(f["requests"] for f in figs) // len(figs)}
             per[side]["output_tokens"] = sum(f["output_tokens"] for f in figs) // len(figs)
-            for key, *_ in SERVE_METRICS:
-                vals = [f[key] for f in figs if f[key] is not None]
+            for key in keys:
+                vals = [f[key] for f in figs if f.get(key) is not None]
                 per[side][key] = spread(vals) if vals else None
-        if all(s in per for s in SIDES):
-            for key, *_ in SERVE_METRICS:
-                a, b = per["mlxd"][key], per["mlx_lm"][key]
-                if a and b and b["median"] > 0:
-                    per["ratio"][key] = a["median"] / b["median"]
+        per["ratios"] = {
+            f"{a}/{b}": _ratio(per[a], per[b]) for a, b in ratio_pairs(list(result["sides"]))
+        }
+        per["ratio"] = per["ratios"].get("mlxd/mlx_lm", {})
         out[str(n)] = per
     return out
+
+
+def _ratio(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, *_ in SERVE_METRICS:
+        x, y = a[key], b[key]
+        if x and y and y["median"] > 0:
+            out[key] = x["median"] / y["median"]
+    return out
+
+
+def build_workloads(args: Any, tok: Any, banned: list[int]) -> dict[tuple[Any, int], Workload]:
+    """Each (N, round)'s workload (its own prompts), and the warm-up's under ("warmup", 0)."""
+    sampling = (getattr(args, "temperature", 0.0), getattr(args, "top_p", 1.0))
+    shape = (args.turns, args.max_tokens, args.system_tokens)
+    edit = getattr(args, "workload", "fleet") == "edit"
+    wls: dict[tuple[Any, int], Workload] = {}
+    for n in args.agents:
+        for r in range(args.rounds):
+            seed = f"{args.seed}:n{n}:r{r}"
+            if edit:
+                wls[n, r] = build_edit_workload(
+                    tok, n, args.turns, args.file_tokens, seed, *sampling
+                )
+            else:
+                mt = getattr(args, "min_tokens", None)
+                wls[n, r] = build_workload(tok, n, *shape, seed, banned, *sampling, min_tokens=mt)
+    if getattr(args, "warmup", 0):  # short fleet turns: kernels compiled, whatever the workload
+        wls["warmup", 0] = build_workload(
+            tok, args.warmup, 2, 32, args.system_tokens, f"{args.seed}:w", banned, *sampling
+        )
+    return wls
 
 
 def run_serve(args: Any) -> int:
@@ -119,27 +158,8 @@ def run_serve(args: Any) -> int:
     model = resolve_model(args.model)
     tok, eos = load_tokenizer(model)
     banned = banned_tokens(model, eos)
-    shape = (args.turns, args.max_tokens, args.system_tokens)
-    sampling = (getattr(args, "temperature", 0.0), getattr(args, "top_p", 1.0))
-    wls = {
-        (n, r): build_workload(
-            tok,
-            n,
-            *shape,
-            f"{args.seed}:n{n}:r{r}",
-            banned,
-            *sampling,
-            min_tokens=getattr(args, "min_tokens", None),
-        )
-        for n in args.agents
-        for r in range(args.rounds)
-    }
-    if getattr(args, "warmup", 0):
-        warm = build_workload(
-            tok, args.warmup, 2, 32, args.system_tokens, f"{args.seed}:w", banned, *sampling
-        )
-        wls["warmup", 0] = warm
-    sides = [s for s in SIDES if args.only in (None, LABEL[s])]
+    wls = build_workloads(args, tok, banned)
+    sides = run_sides(args)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mlxd-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
@@ -152,6 +172,8 @@ def run_serve(args: Any) -> int:
         "log_dir": str(log_dir),
         "sides": {},
     }
+    if sources := {f"{n}:{r}": w.sources for (n, r), w in wls.items() if w.sources}:
+        result["workload"] = {"kind": "edit", "sources": sources}  # each agent's file and edits
     bound = (lambda: run_baseline(args, model)) if getattr(args, "baseline", False) else None
     plan = Plan(args, model, wls, log_dir, bound)
     if getattr(args, "interleave", False) and len(sides) > 1:
@@ -164,6 +186,8 @@ def run_serve(args: Any) -> int:
         runs = [b for data in result["sides"].values() for b in data.get("baseline", [])]
         result["baseline"] = pooled_baseline(runs)
     result["summary"] = summarize(result, args.agents)
+    if same := same_replies(result):
+        result["same_replies"] = same
     save_json(result, args)
     table = markdown(result) + rounds_line(result, args.agents) + baseline_line(result)
     if args.markdown:
@@ -171,7 +195,7 @@ def run_serve(args: Any) -> int:
     if args.plot:
         plot(result, args.plot)
     print(table, flush=True)
-    return _verdict(result)
+    return _verdict(result, getattr(args, "workload", "fleet"))
 
 
 def save_json(result: dict[str, Any], args: Any, sides: dict[str, Any] | None = None) -> None:
@@ -182,7 +206,7 @@ def save_json(result: dict[str, Any], args: Any, sides: dict[str, Any] | None = 
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
 
 
-def _verdict(result: dict[str, Any]) -> int:
+def _verdict(result: dict[str, Any], workload: str = "fleet") -> int:
     figs = [
         run["figures"]
         for data in result["sides"].values()
@@ -192,6 +216,7 @@ def _verdict(result: dict[str, Any]) -> int:
     if errors := sum(f["errors"] for f in figs):
         print(f"mlxd bench serve: {errors} requests failed (see the JSON)", file=sys.stderr)
         return 1
-    if short := sum(f["short_replies"] for f in figs):
+    # An edit reply ends at EOS, before its cap: only the fleet's replies are all --max-tokens.
+    if workload == "fleet" and (short := sum(f["short_replies"] for f in figs)):
         print(f"warning: {short} replies stopped before --max-tokens", file=sys.stderr)
     return 0

@@ -15,8 +15,7 @@ import mlxd
 from mlxd.blas import same_blas
 from mlxd.config import child_environment
 
-SIDES = ("mlx_lm", "mlxd")
-LABEL = {"mlx_lm": "mlx-lm", "mlxd": "mlxd"}
+from .variants import kind, label
 
 
 def free_port() -> int:
@@ -36,7 +35,7 @@ def command(
 ) -> list:
     """The server's command line; extra flags come last so that they win. `cache_limit`: MLX's
     buffer cache capped at that many bytes in the server's process (bench/capped.py)."""
-    if side == "mlxd":
+    if kind(side) == "mlxd":
         head = ["mlxd", "serve", "--batch", str(batch), "--data-dir", str(data)]
     else:
         head = ["mlx_lm", "server"]
@@ -131,7 +130,7 @@ class Server:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise RuntimeError(
-                f"{LABEL[self.side]} server exited with code {self.proc.returncode}:\n"
+                f"{label(self.side)} server exited with code {self.proc.returncode}:\n"
                 + self.log_tail()
             )
 
@@ -143,7 +142,7 @@ class Server:
             while True:
                 self._check_alive()
                 if time.perf_counter() - t0 > timeout_s:
-                    raise RuntimeError(f"{LABEL[self.side]}: not healthy after {timeout_s} s")
+                    raise RuntimeError(f"{label(self.side)}: not healthy after {timeout_s} s")
                 try:
                     if client.get("/health", timeout=5).status_code == 200:
                         break
@@ -153,7 +152,7 @@ class Server:
             body = {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 4}
             r = client.post("/v1/chat/completions", json=body)
             if r.status_code != 200:
-                raise RuntimeError(f"{LABEL[self.side]} warm-up: HTTP {r.status_code}: {r.text}")
+                raise RuntimeError(f"{label(self.side)} warm-up: HTTP {r.status_code}: {r.text}")
         return time.perf_counter() - t0
 
     def metrics(self) -> dict[str, float] | None:

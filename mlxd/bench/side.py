@@ -3,7 +3,6 @@ The sides either run one after the other (`run_side`) or both up at once, round 
 (`--interleave`, serve.py), so that round r of each server is measured minutes apart at most."""
 
 import asyncio
-import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .fleet import Workload, aggregate, run_fleet
-from .servers import LABEL, RSSSampler, Server, command, free_port, lifetime_peak_rss_bytes
+from .servers import RSSSampler, Server, command, free_port, lifetime_peak_rss_bytes
+from .variants import kind, label, server_flags
 
 MLX_LM_DEFAULT_CAP = 32  # mlx_lm.server's --decode-concurrency default
 
@@ -41,15 +41,15 @@ class ServedSide:
     def __init__(self, side: str, plan: Plan) -> None:
         args, model, log_dir = plan.args, plan.model, plan.log_dir
         self.side, self.args, self.wls, self.bound = side, args, plan.wls, plan.bound
-        extra = shlex.split(args.mlxd_args if side == "mlxd" else args.mlx_lm_args)
-        cap = args.batch if side == "mlxd" else mlx_lm_cap(extra)
+        extra = server_flags(args, side)
+        cap = args.batch if kind(side) == "mlxd" else mlx_lm_cap(extra)
         cap_gb = getattr(args, "cache_limit_gb", None)
         limit = None if cap_gb is None else int(cap_gb * 1e9)
-        data = log_dir / "mlxd-data"
+        data = log_dir / f"{side}-data"  # each mlxd its own store: two may run at once
         cmd = command(side, str(model), free_port(), args.batch, extra, data, limit)
-        self.out: dict[str, Any] = {"command": cmd, "cap": cap, "runs": {}}
+        self.out: dict[str, Any] = {"command": cmd, "flags": extra, "cap": cap, "runs": {}}
         if max(args.agents) > cap:
-            print(f"note: N > {LABEL[side]}'s cap of {cap} rows: requests wait", file=sys.stderr)
+            print(f"note: N > {label(side)}'s cap of {cap} rows: requests wait", file=sys.stderr)
         self.srv = Server(side, cmd, int(cmd[cmd.index("--port") + 1]), log_dir)
 
     def __enter__(self) -> "ServedSide":
@@ -103,8 +103,12 @@ def run_one(srv: Server, sampler: RSSSampler, wl: Workload, r: int) -> dict[str,
     gone = srv.exit_code() if fig["errors"] else None  # e.g. -11: a native crash cut every stream
     if gone is not None:
         split += f", server exited with code {gone}"
+    if fig["accepted_tokens"] is not None:
+        acc, rate = fig["accepted_tokens"], fig["acceptance_rate"]
+        split += f", accepted {acc} of {acc + fig['rejected_tokens']} drafted"
+        split += f" ({rate:.3f})" if rate is not None else ""
     print(
-        f"[{LABEL[srv.side]}] N={wl.agents} round {r}: {fig['output_tokens']} tokens in "
+        f"[{label(srv.side)}] N={wl.agents} round {r}: {fig['output_tokens']} tokens in "
         f"{wall:.2f} s = {fig['output_tok_s']:.1f} tok/s, TTFT p50 {fig['ttft_p50_s'] or 0:.3f} s,"
         f" ITL p50 {fig['itl_p50_ms'] or 0:.2f} ms, peak RSS {fig['peak_rss_gb']:.3f} GB,"
         f" errors {fig['errors']}{split}",

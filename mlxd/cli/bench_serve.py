@@ -4,6 +4,7 @@ mlx_lm.server (mlxd/bench/serve.py runs it)."""
 import argparse
 import sys
 
+from ..bench.variants import parse_variant
 from .optional import require
 
 
@@ -24,12 +25,28 @@ def add_serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentPa
         description="N agents share one long system prompt and run T streamed chat turns each, "
         "all at once, against an mlxd server and an mlx_lm.server on the same model (one after "
         "the other, or interleaved round by round): output tok/s, TTFT and inter-chunk "
-        "latency p50 / p99, peak RSS.",
+        "latency p50 / p99, peak RSS. --workload edit: each agent instead sends its own Python "
+        "file and asks for it back with one change (the reply copies the prompt); "
+        "--mlxd-variant adds mlxd servers with flags of their own, e.g. speculative decoding, "
+        "with its acceptance where responses report it.",
     )
     w = s.add_argument_group("workload (greedy by default; EOS and control tokens banned)")
     w.add_argument("--model", default=None, help="local MLX model folder (default: embedded)")
     w.add_argument("--agents", type=agents, default=[1, 8, 32], help="N values (default 1,8,32)")
-    w.add_argument("--turns", type=int, default=4, help="turns per agent (default 4)")
+    w.add_argument(
+        "--workload", choices=("fleet", "edit"), default="fleet",
+        help="fleet: the shared system prompt and exactly --max-tokens per turn (default); "
+        "edit: each agent's own --file-tokens slice of a Python standard-library module (seeded "
+        "pick), returned whole with one rename or docstring; a reply ends at EOS, capped at 5/4 "
+        "of the file + 64 tokens (--max-tokens, --min-tokens and --system-tokens unused)",
+    )  # fmt: skip
+    w.add_argument(
+        "--file-tokens", type=int, default=3000, help="edit: each file's tokens (default 3000)"
+    )
+    w.add_argument(
+        "--turns", type=int, default=None,
+        help="turns per agent (default 4; edit: 1, each later turn asks one more change)",
+    )  # fmt: skip
     w.add_argument("--max-tokens", type=int, default=256, help="tokens per turn (default 256)")
     w.add_argument(
         "--min-tokens",
@@ -61,7 +78,18 @@ def add_serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentPa
     v.add_argument("--batch", type=int, default=None, help="mlxd --batch (default: max N)")
     v.add_argument("--mlxd-args", default="", help="extra flags for mlxd serve, one string")
     v.add_argument("--mlx-lm-args", default="", help="extra flags for mlx_lm.server, one string")
-    v.add_argument("--only", choices=("mlxd", "mlx-lm"), default=None, help="run one side")
+    v.add_argument(
+        "--mlxd-variant", type=parse_variant, action="append", default=None,
+        metavar="NAME=FLAGS",
+        help="one more mlxd server, side mlxd-NAME, with FLAGS after --mlxd-args (repeatable), "
+        "e.g. spec='--speculative ngram --num-speculative-tokens 4': the run compares "
+        "mlx_lm.server, mlxd and mlxd-spec, each variant also against plain mlxd, with "
+        "speculation's acceptance rate and accepted tokens per request",
+    )  # fmt: skip
+    v.add_argument(
+        "--only", choices=("mlxd", "mlx-lm"), default=None,
+        help="run one server: mlxd (with its variants) or mlx-lm",
+    )  # fmt: skip
     v.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to ready")
     v.add_argument(
         "--interleave", action="store_true",
@@ -89,6 +117,15 @@ def add_serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def run_serve_cmd(args: argparse.Namespace) -> None:
+    if args.turns is None:
+        args.turns = 1 if args.workload == "edit" else 4
+    if args.file_tokens < 64:
+        sys.exit("mlxd bench serve: --file-tokens must be >= 64")
+    if args.workload == "edit" and args.min_tokens is not None:
+        sys.exit("mlxd bench serve: --min-tokens is for the fleet workload (edit ends at EOS)")
+    names = [name for name, _ in args.mlxd_variant or []]
+    if len(set(names)) < len(names):
+        sys.exit(f"mlxd bench serve: --mlxd-variant names repeat: {names}")
     if args.turns < 1 or args.max_tokens < 1 or args.system_tokens < 1 or args.rounds < 1:
         sys.exit("mlxd bench serve: --turns, --max-tokens, --system-tokens, --rounds must be >= 1")
     if args.min_tokens is not None and not 1 <= args.min_tokens <= args.max_tokens:
