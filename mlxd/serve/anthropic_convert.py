@@ -26,6 +26,7 @@ from .anthropic_messages import convert_messages
 from .errors import INT64, bad_request
 from .params import NUM, GenParams, check
 from .prompt import Prompt, chat_prompt
+from .speculation import speculative
 
 
 @dataclass
@@ -194,6 +195,7 @@ def read_params(body: dict[str, Any], defaults: Any) -> GenParams:
         top_k=check("top_k", integer(g("top_k", defaults.top_k)), int, lo=0),
         min_p=defaults.min_p,
         stop=stop_sequences(body.get("stop_sequences")),
+        speculative=speculative(body),
     )
 
 

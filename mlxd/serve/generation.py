@@ -73,6 +73,8 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    drafted_tokens: int = 0  # draft tokens the model verified (speculative decoding)
+    accepted_tokens: int = 0  # of those, the ones it kept
 
 
 class Generation:
@@ -155,11 +157,12 @@ class Generation:
     async def _one(self, index: int, handle: RequestHandle) -> AsyncIterator[Chunk]:
         text = self._choice(index)
         last = None  # the finishing token (its text holds the detokenizer's final flush)
-        count = 0
+        count = kept = 0  # tokens, and accepted draft tokens among them
         try:
             async for ev in self._until_deadline(handle):
                 self._stamp()
                 count += 1
+                kept += ev.from_draft
                 info = TokenInfo(ev.token, ev.logprob, ev.top_logprobs)
                 if ev.finish is not None:  # sent now, not after the row's cache is stored
                     last = ev
@@ -170,6 +173,7 @@ class Generation:
                 if text.stopped:  # a stop word appeared in the text: the row ends here
                     handle.cancel()
                     self.usage.completion_tokens += count
+                    self._drafts(kept, kept)
                     self.usage.cached_tokens = max(self.usage.cached_tokens, handle.cached_tokens)
                     self.finish_reasons.append("stop")
                     yield Chunk(index, delta, [info], False, text.finish_reason("stop"))
@@ -179,6 +183,7 @@ class Generation:
             handle.cancel()
             self.timed_out = True
             self.usage.completion_tokens += count
+            self._drafts(kept, kept)
             self.usage.cached_tokens = max(self.usage.cached_tokens, handle.cached_tokens)
             if last is not None:  # its last token is sent already: only its DoneEvent was late
                 self.finish_reasons.append(last.finish)
@@ -192,10 +197,17 @@ class Generation:
             return
         done = handle.done
         self.usage.completion_tokens += done.completion_tokens
+        self._drafts(done.drafted_tokens, done.accepted_tokens)
         self.usage.cached_tokens = max(self.usage.cached_tokens, handle.cached_tokens)
         self.finish_reasons.append(done.reason)
         if last is None and done.reason in ("stop", "length"):
             yield Chunk(index, text.feed(done.text, done.reason), [], False, done.reason)
+
+    def _drafts(self, drafted: int, accepted: int) -> None:
+        """A row's draft counts; a row cut short before its DoneEvent counts its drafts kept as
+        drafted (the ones the model threw away are only in that event)."""
+        self.usage.drafted_tokens += drafted
+        self.usage.accepted_tokens += accepted
 
     async def _until_deadline(self, handle: RequestHandle) -> AsyncIterator[Any]:
         """`handle`'s token events; TimedOut once the request's deadline has passed."""

@@ -173,6 +173,9 @@ class Metrics:
             "mlxd_cached_prompt_tokens", "Prompt tokens served from the cache", ep, registry=r
         )
         self.generated = Counter("mlxd_generation_tokens", "Generated tokens", ep, registry=r)
+        spec = "mlxd_spec_draft_tokens", "mlxd_spec_accepted_tokens"  # speculative decoding
+        self.drafted = Counter(spec[0], "Draft tokens the model verified", ep, registry=r)
+        self.accepted = Counter(spec[1], "Draft tokens the model kept", ep, registry=r)
         self.finished_total = Counter(
             "mlxd_requests_finished",
             "Finished rows (each of n choices) by finish reason",
@@ -206,6 +209,8 @@ class Metrics:
         self.prompt.labels(ep).inc(u.prompt_tokens)
         self.cached.labels(ep).inc(u.cached_tokens)
         self.generated.labels(ep).inc(u.completion_tokens)
+        self.drafted.labels(ep).inc(u.drafted_tokens)
+        self.accepted.labels(ep).inc(u.accepted_tokens)
         reasons = list(gen.finish_reasons)
         reasons += ["cancelled"] * (len(gen.handles) - len(reasons))  # abandoned rows
         for reason in reasons:

@@ -25,6 +25,7 @@ from .params import GenParams, load_model
 from .prompt import Prompt, chat_prompt, text_prompt
 from .prompt_batch import Generations
 from .provider import Served
+from .speculation import prediction_details
 from .streaming import offload, sse_data, sse_stream, until_done_or_disconnect
 from .text import Delta, ToolCall
 from .tools_warning import tools_warning
@@ -97,12 +98,16 @@ class Completion:
 
     def usage_json(self, gen: Generation | Generations) -> dict[str, Any]:
         u = gen.usage
-        return {
+        out: dict[str, Any] = {
             "prompt_tokens": u.prompt_tokens,
             "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
         }
+        if u.drafted_tokens or self.params.prediction is not None:  # zeros for a prediction
+            details = prediction_details(u.drafted_tokens, u.accepted_tokens)
+            out["completion_tokens_details"] = details
+        return out
 
     async def respond(self, request: Request) -> Response:
         served = await load_model(self.state, self.req.model)

@@ -18,6 +18,7 @@ from .params import (
     tool_choice_tools,
 )
 from .prompt import normalize_messages
+from .speculation import prediction, refuse_with_prediction
 from .text import forced_tool
 
 
@@ -57,6 +58,8 @@ def parse_openai(body: dict[str, Any], config: ServeConfig, chat: bool) -> OpenA
     if chat:
         _chat_fields(req, body, config)
     else:
+        if body.get("prediction") is not None:  # OpenAI's completions have no such field
+            raise bad_request("prediction is a chat completions field", "prediction")
         req.prompts = prompts(body)
         if len(req.prompts) * params.n > MAX_PROMPTS:  # rows one request may queue
             raise bad_request(f"prompt: at most {MAX_PROMPTS} choices (prompts × n)", "prompt")
@@ -82,6 +85,9 @@ def _chat_fields(req: OpenAIRequest, body: dict[str, Any], config: ServeConfig) 
     if mapping is not None and not isinstance(mapping, dict):
         raise bad_request("role_mapping must be an object", "role_mapping")
     req.role_mapping = mapping
+    req.params.prediction = prediction(body)
+    if req.params.prediction is not None:
+        refuse_with_prediction(body, req.params, req.tools)
 
 
 MAX_PROMPTS = 128  # choices one completions request may ask for (prompts × n; `n` alone: 128)

@@ -32,6 +32,8 @@ class Generations:
             total.prompt_tokens += g.usage.prompt_tokens
             total.completion_tokens += g.usage.completion_tokens
             total.cached_tokens += g.usage.cached_tokens
+            total.drafted_tokens += g.usage.drafted_tokens
+            total.accepted_tokens += g.usage.accepted_tokens
         return total
 
     async def start(self, state: ServerState) -> None:

@@ -27,8 +27,10 @@ from .schemas import body_schema
 from .streaming import as_json, offload, sse_stream, until_done_or_disconnect
 from .tools_warning import tools_warning
 
-# mlx-lm sampling extras a Responses body may carry too (read with chat's rules).
-_EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+# mlx-lm sampling extras and mlxd's `speculative` a Responses body may carry too (read with
+# chat's rules).
+_EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+           "speculative")  # fmt: skip
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -38,6 +40,8 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     for name in ("background", "conversation", "prompt"):
         if body.get(name) not in (None, False):
             raise bad_request(f"{name} is not supported", name)
+    if body.get("prediction") is not None:  # OpenAI's Responses API has no predicted outputs
+        raise bad_request("prediction is a chat completions field", "prediction")
     if body.get("top_logprobs") not in (None, 0):
         raise bad_request("top_logprobs is not supported on /v1/responses yet", "top_logprobs")
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from .errors import bad_request
 from .generation import Usage
+from .speculation import prediction_details
 from .text import ToolCall
 
 # Responses roles -> chat template roles (few local templates know `developer`).
@@ -198,11 +199,15 @@ def function_call_item(item_id: str, call: ToolCall, arguments: str, status: str
 
 
 def usage_json(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:
+    """With Chat Completions' prediction counts in `output_tokens_details` when a row drafted."""
+    details = {"reasoning_tokens": reasoning_tokens}
+    if usage.drafted_tokens:
+        details |= prediction_details(usage.drafted_tokens, usage.accepted_tokens)
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "output_tokens_details": details,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
 

@@ -29,6 +29,7 @@ _SAMPLING: dict[str, Any] = {
     "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "speculative": {"type": "string", "enum": ["ngram", "off"]},  # null: --speculative's
 }
 
 _MESSAGE = {
@@ -55,6 +56,21 @@ _MESSAGE = {
     },
 }
 
+_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+}
+# OpenAI's Predicted Outputs: refused with n > 1, logprobs, positive penalties, tools, audio.
+_PREDICTION = {
+    "type": "object",
+    "required": ["type", "content"],
+    "properties": {
+        "type": {"const": "content"},
+        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
+    },
+}
+
 SCHEMAS: dict[str, dict[str, Any]] = {
     "chat": {
         "type": "object",
@@ -65,6 +81,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "tools": {"type": "array", "items": {"type": "object"}},
             "tool_choice": {"type": "string", "enum": ["none", "auto"]},
             "chat_template_kwargs": {"type": "object"},
+            "prediction": _PREDICTION,
         },
     },
     "completions": {
@@ -182,6 +199,7 @@ ANTHROPIC: dict[str, dict[str, Any]] = {
         stop_sequences=_null({"type": "array", "items": _STR}),
         stream=_null({"type": "boolean"}),
         metadata=_null({"type": "object"}),
+        speculative=_null({"enum": ["ngram", "off"]}),
     ),
     "count_tokens": _obj(["model", "messages"], **_PROMPT_FIELDS),
 }
@@ -206,6 +224,7 @@ RESPONSES: dict[str, Any] = {
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
         "parallel_tool_calls": {"type": "boolean"},
         "chat_template_kwargs": {"type": "object"},
+        "speculative": {"type": "string", "enum": ["ngram", "off"]},
     },
 }
 

@@ -95,6 +95,7 @@ EXTRA_FIELDS = (
     "structured_outputs", "previous_response_id", "background", "conversation", "prompt",
     "reasoning", "user", "output_config", "stream", "stream_options", "n", "role_mapping",
     "logprobs", "top_logprobs", "max_tokens", "messages", "input", "tools", "tool_choice",
+    "speculative", "prediction",
 )  # fmt: skip
 
 
@@ -111,10 +112,15 @@ class Route:
         return f"{self.method} {self.path}"
 
 
+CHAT_PREDICTION: dict[str, Any] = {
+    "messages": [USER], "max_tokens": 2, "speculative": "ngram",
+    "prediction": {"type": "content", "content": [{"type": "text", "text": "hello"}]},
+}  # fmt: skip
 _CHAT = (
     {"messages": [USER], "max_tokens": 2},
     CHAT_RICH,
     CHAT_FORMAT,
+    CHAT_PREDICTION,
 )
 ROUTES = (
     Route("POST", "/v1/chat/completions", "openai", _CHAT, streams=True),
