@@ -1,7 +1,8 @@
 """The Python generation API with mlx-lm's signatures and results (one engine per model).
 
-`stream_generate` / `generate` run on mlxd's Engine (one per model, its own thread),
-`batch_generate` on an engine of its own; drafting still runs mlx-lm's speculative loop.
+`stream_generate` / `generate` run on mlxd's Engine (one per model, its own thread), with a
+draft model too (mlx-lm's speculative_generate_step, engine/draft_row.py); `batch_generate` on
+an engine of its own.
 The parity tests (tests/parity) hold all of them bit-exact to mlx-lm.
 """
 
@@ -14,13 +15,12 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchResponse, GenerationResponse
-from mlx_lm.generate import stream_generate as _mlx_stream_generate
 from mlx_lm.generate_utils import BatchStats
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..config import EngineConfig
 from .engine import Engine
-from .request import GenerationRequest, RequestHandle, TokenEvent
+from .request import GenerationRequest, RequestHandle, Speculation, TokenEvent
 from .rng import current_key, set_key
 
 
@@ -44,20 +44,22 @@ def stream_generate(
     draft_model: nn.Module | None = None,
     **kwargs: Any,
 ) -> Generator[GenerationResponse, None, None]:
-    """Yield a GenerationResponse per token; the last one carries finish_reason."""
-    if draft_model is not None:
-        # Drafting is not on the engine yet: mlx-lm's speculative loop, unchanged.
-        yield from _mlx_stream_generate(
-            model, tokenizer, prompt, max_tokens=max_tokens, draft_model=draft_model, **kwargs
-        )
-        return
+    """Yield a GenerationResponse per token; the last one carries finish_reason. With a
+    `draft_model`, mlx-lm's speculative decoding (`num_draft_tokens`, default 2)."""
     if max_tokens == 0:
         raise ValueError("Maximum number of tokens must be non-zero (use -1 for no limit).")
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     prompt = _encode(tokenizer, prompt)
-    kwargs.pop("num_draft_tokens", None)
+    num_draft_tokens = kwargs.pop("num_draft_tokens", 2)
     kwargs.pop("stream", None)  # the engine thread owns its stream
+    if draft_model is not None:  # what mlx-lm's stream_generate drops or refuses for drafting
+        kwargs.pop("max_kv_size", None)
+        kwargs.pop("prompt_progress_callback", None)
+        if kwargs.pop("input_embeddings", None) is not None:
+            raise ValueError("Speculative decoding does not support input embeddings.")
+        kwargs.setdefault("prefill_step_size", 512)  # speculative_generate_step's default
+        kwargs["speculation"] = Speculation(mode="draft", max_draft=num_draft_tokens)
     eos = frozenset(tokenizer.eos_token_ids)
     req = GenerationRequest(
         prompt=prompt,
@@ -68,6 +70,7 @@ def stream_generate(
         **kwargs,
     )
     engine = engine_for(model)
+    engine.use_draft(draft_model)  # this call's draft (or none): rows started from here on
     handle = engine.submit_driven(req)  # alone on the main thread: its turns run here (driver.py)
     events = engine.drive(handle)
     finished = False
@@ -94,10 +97,10 @@ def _responses(
     """mlx-lm's stream_generate loop over the engine's events (same fields, same order). Each
     event's text is the detokenizer's segment for it; the finishing token's holds the final
     flush, as mlx-lm yields it after `finalize()`."""
-    token, logprobs, text, n = None, None, "", 0
+    token, logprobs, text, n, drafted = None, None, "", 0, False
     tic = time.perf_counter()
     for n, event in enumerate(events):
-        token, logprobs = event.token, event.logprobs
+        token, logprobs, drafted = event.token, event.logprobs, event.from_draft
         if n == 0:
             prompt_time = time.perf_counter() - tic
             prompt_tps = n_prompt / prompt_time
@@ -105,7 +108,7 @@ def _responses(
         if token in eos or (n + 1) == max_tokens:
             text = event.text
             break
-        yield _response(event.text, token, logprobs, n, n_prompt, prompt_tps, tic)
+        yield _response(event.text, token, logprobs, drafted, n, n_prompt, prompt_tps, tic)
     else:  # the row ended without a finishing token: its last flush is on the DoneEvent
         text = handle.done.text if handle.done is not None else ""
     if token is None:  # the engine closed before the first token
@@ -114,6 +117,7 @@ def _responses(
         text,
         token,
         logprobs,
+        drafted,
         n,
         n_prompt,
         prompt_tps,
@@ -126,6 +130,7 @@ def _response(
     text: str,
     token: int,
     logprobs: mx.array,
+    from_draft: bool,
     n: int,
     n_prompt: int,
     prompt_tps: float,
@@ -136,7 +141,7 @@ def _response(
         text=text,
         token=token,
         logprobs=logprobs,
-        from_draft=False,
+        from_draft=from_draft,
         prompt_tokens=n_prompt,
         prompt_tps=prompt_tps,
         generation_tokens=n + 1,

@@ -18,6 +18,7 @@ from ..model.folded_attention import is_folded
 from ..model.plain_rows import PlainRowsTwin
 from ..store.layers import clone
 from .batch import BatchedRows, evaluates_after_step
+from .draft_row import DraftRow
 from .moves import ForkJob, Serial, crossing, last_row_out, quantizes, serial_into_batch
 from .overlap import StepPhases
 from .prefix import PrefixSharing
@@ -193,12 +194,15 @@ class Rows:
                     row.emitted.append(step.token)
                     self.tokens += 1
                     event, reason = out.token(step.token, step.logprobs, step.read)
+                    event.from_draft = step.from_draft
                     handle.put(event)
                     if reason is not None:
                         done = out.done(reason)
         except Exception as e:  # noqa: BLE001 - one bad row never stops the engine
             done = out.done("error", e)
         if done is not None:
+            if isinstance(row, DraftRow):
+                row.finish(done)  # mlx-lm's final rewind of its caches; the draft counts
             done.random_key = self.keys.leave(row)
             if row.req.return_prompt_cache:
                 done.prompt_cache = row.cache

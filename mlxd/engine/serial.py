@@ -46,6 +46,7 @@ class Step:
     token: int
     logprobs: mx.array
     read: Readout | None
+    from_draft: bool = False  # a drafted token the target accepted (draft_row.py)
 
 
 class SerialRow:

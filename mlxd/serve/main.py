@@ -22,8 +22,10 @@ def make_state(config: ServeConfig) -> ServerState:
     """The server's state for `config`, its model loaded and its engine started. Resolves the
     engine's settings for this machine (`config.resolved()`): call it after
     `mlxd.config.apply_to_process(config)`, which `mlxd serve` does first."""
-    if config.draft_model is not None:
-        raise ModelLoadError("--draft-model: speculative decoding is not supported by mlxd yet")
+    if config.draft_model is not None and config.kv_config is not None:
+        raise ModelLoadError("--kv-config does not run with --draft-model")
+    if config.num_draft_tokens < 0:
+        raise ModelLoadError("--num-draft-tokens must be at least 0")
     config = config.resolved()
     state = ServerState(config, ModelProvider(config))
     state.metrics = Metrics(state)

@@ -9,6 +9,9 @@ the --model value, `default_model`) mean it; another name loads as above; a name
 load is a 404, except that a bare name (no path or repo shape: `gpt-4o`, the label an agent
 tool sends) means the served model unless --strict-model-names. Anthropic clients send only
 their own ids, so /v1/messages maps any such name to the served model (same flag).
+
+--draft-model: the served model's engine drafts with it (mlx-lm's speculative decoding, one
+request at a time); a request's `draft_model` picks it or turns it off (`draft_speculation`).
 """
 
 import collections
@@ -27,6 +30,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from ..config import DEFAULT_MODEL_NAME, ServeConfig
 from ..engine import Engine
 from ..engine.arrivals import Arrivals
+from ..engine.request import Speculation
 from ..kv import mixed
 from ..kv.schemes import unsupported
 from ..model import ModelLoadError, load
@@ -35,6 +39,7 @@ from ..model.folded_attention import unsupported as unfoldable
 from ..model.fused_projections import stack_in_place
 from ..model.resolve import cached_repo, resolve_model
 from .budget import hold_to_budget, kv_budget_from, make_store
+from .errors import bad_request
 
 log = logging.getLogger("mlxd.serve")
 
@@ -52,6 +57,26 @@ class Served:
     engine: Engine
     context_length: int | None  # max_position_embeddings, when the config says
     weight_bytes: int
+    draft_names: tuple[str, ...] = ()  # the names of its draft model (--draft-model), if any
+
+    def draft_speculation(self, p: Any, num_draft_tokens: int) -> Speculation | None:
+        """mlx_lm.server's `draft_model` field (`p.draft_model`, default "default_model"):
+        "default_model" or the served draft's name drafts with it, null turns drafting off,
+        another name is a 400. Rows the draft row does not run (n > 1, a grammar, a
+        prediction, `speculative: off`) go without: the output's distribution is the same."""
+        name = p.draft_model
+        if name is None:
+            return None
+        if name != "default_model" and name not in self.draft_names:
+            served = f"the served one is {shown(self.draft_names[0])}" if self.draft_names else (
+                "none is served with this model")  # fmt: skip
+            raise bad_request(f"draft_model {shown(name)} is not served here; {served}",
+                              "draft_model")  # fmt: skip
+        skip = p.n > 1 or p.constraint is not None or p.prediction is not None
+        if not self.draft_names or skip or p.speculative == "off":
+            return None
+        k = num_draft_tokens if p.num_draft_tokens is None else p.num_draft_tokens
+        return Speculation(mode="draft", max_draft=k)
 
 
 def context_length(folder: Path) -> int | None:
@@ -100,6 +125,14 @@ class ModelProvider:
         # Requests on their way to any engine here (engine/arrivals.py: the join window).
         self.arrivals = Arrivals(config.join_window)
         self.default = self._load(config.model, config.adapter_path)
+        if config.draft_model is not None:
+            try:
+                self._load_draft(config.draft_model)
+            except BaseException:
+                self.default.engine.close()  # its thread and store go with the failed start
+                if (sharing := self.default.engine.sharing) is not None:
+                    sharing.store.close()
+                raise
         self.names = served_names(config, self.default.name)
         self.default.name = self.names[0]
         self._fell_back: set[str | None] = set()
@@ -156,6 +189,18 @@ class ModelProvider:
         name = ref if ref is not None else DEFAULT_MODEL_NAME
         ctx = context_length(folder)
         return Served(name, model, tokenizer, engine, ctx, weights)
+
+    def _load_draft(self, ref: str) -> None:
+        """--draft-model, loaded as the model is (same errors); mlx_lm.server's warning when
+        the vocabularies differ."""
+        folder = resolve_model(ref)
+        draft, tokenizer = load(str(folder), tokenizer_config=self._tokenizer_config(),
+                                trust_remote_code=self.config.trust_remote_code)[:2]  # fmt: skip
+        if tokenizer.vocab_size != self.default.tokenizer.vocab_size:
+            log.warning("Draft model tokenizer does not match model tokenizer. "
+                        "Speculative decoding may not work as expected.")  # fmt: skip
+        self.default.engine.use_draft(draft)
+        self.default.draft_names = tuple(dict.fromkeys([ref, str(folder)]))
 
     def serves(self, name: str | None) -> bool:
         """`name` is one of the served model's names or aliases."""

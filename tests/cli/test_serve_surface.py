@@ -147,12 +147,26 @@ def test_the_environment_gives_the_api_key_and_data_dir_defaults(tmp_path, monke
     assert (config.api_key, config.data_dir) == ("k2", "d")
 
 
-def test_draft_model_is_refused_at_start_up(tmp_path: Path) -> None:
+def test_draft_model_starts(tmp_path: Path, tiny_model) -> None:
+    """--draft-model loads beside the model and its engine drafts with it; a draft that does
+    not load is the model's one-line error; --kv-config does not run with it."""
     from mlxd.model import ModelLoadError
     from mlxd.serve.main import make_state
 
-    with pytest.raises(ModelLoadError, match="speculative decoding"):
-        make_state(parse_config(["--draft-model", "x"]))
+    model, draft = str(tiny_model("qwen3")), str(tiny_model("qwen3", seed=1))
+    base = ["--model", model, "--data-dir", str(tmp_path)]
+    state = make_state(parse_config([*base, "--draft-model", draft]))
+    try:
+        served = state.provider.default
+        assert served.draft_names[0] == draft
+        assert served.engine.scheduler.draft_model is not None
+    finally:
+        state.provider.close()
+    with pytest.raises(ModelLoadError) as e:
+        make_state(parse_config([*base, "--draft-model", str(tmp_path / "missing")]))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ModelLoadError, match="--draft-model"):
+        make_state(parse_config([*base, "--draft-model", draft, "--kv-config", "x.json"]))
 
 
 @pytest.mark.parametrize(
