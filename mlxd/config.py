@@ -365,10 +365,14 @@ class ServeConfig:
     )  # fmt: skip
     draft_model: str | None = flag(None,
         "--draft-model", group=MODEL, parse=str,
-        help="A model for speculative decoding (refused at start: the engine has no drafting yet)",
+        help="A model for speculative decoding (mlx-lm's speculative_generate_step: requests "
+        "that draft with it run one at a time, as in mlx_lm.server; a request's `draft_model` "
+        "null turns it off)",
     )  # fmt: skip
     num_draft_tokens: int = flag(3,
-        "--num-draft-tokens", group=MODEL, parse=int, help="Tokens to draft per step.",
+        "--num-draft-tokens", group=MODEL, parse=int,
+        help="Tokens to draft per step with --draft-model (a request's `num_draft_tokens` "
+        "overrides it).",
     )  # fmt: skip
     trust_remote_code: bool = flag(False,
         "--trust-remote-code", group=MODEL, action="store_true",
@@ -557,6 +561,18 @@ class ServeConfig:
         "--pipeline", group=ENGINE, action="store_true",
         help="Use pipelining instead of tensor parallelism",
     )  # fmt: skip
+    speculative: str = flag("off",
+        "--speculative", group=ENGINE, choices=("off", "ngram"),
+        help="whether requests draft tokens by default from their own prompt and output "
+        "(ngram: prompt lookup, verified in the batched step; the same output, lossless); a "
+        "request's `speculative` field overrides it, and a chat request's `prediction` "
+        "(OpenAI's Predicted Outputs) drafts unless that field is off (default: off)",
+    )  # fmt: skip
+    num_speculative_tokens: int = flag(8,
+        "--num-speculative-tokens", group=ENGINE, parse=int,
+        help="the most tokens a row drafts per step for ngram and prediction drafting "
+        "(vLLM's name; default: 8)",
+    )  # fmt: skip
 
     # sampling defaults (L3)
     temp: float = flag(0.0,
@@ -683,6 +699,7 @@ class ServeConfig:
             ("body_timeout", self.body_timeout > 0),
             ("request_timeout", 0 <= self.request_timeout < float("inf")),
             ("max_connections", self.max_connections >= 1),
+            ("num_speculative_tokens", self.num_speculative_tokens >= 1),
             ("switch_interval", self.switch_interval in (None, "engine")
              or isinstance(self.switch_interval, float) and self.switch_interval > 0),
         )  # fmt: skip

@@ -22,6 +22,7 @@ from ..store.layers import clone
 from . import instrument as parts
 from .culprits import Guarded, guard_processors, guard_sampler
 from .decode_step import BiasedGenerationBatch
+from .draft_row import drafts
 from .generator import RowsGenerator
 from .kernel_window import StepClock
 from .output import RowOutput
@@ -68,6 +69,8 @@ class BatchedRow:
 def batchable(req: GenerationRequest, config: EngineConfig) -> str | None:
     """None when the request can share the batched step, else the reason it runs alone.
     mlx-lm's rule: a row is batchable when every one of its cache layers can merge."""
+    if drafts(req):
+        return "a draft-model request runs one row at a time"
     if req.max_kv_size != config.max_kv_size:
         return "a max_kv_size other than the engine's runs one row at a time"
     if req.input_embeddings is not None:

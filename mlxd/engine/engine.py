@@ -27,6 +27,7 @@ from ..model.folded_attention import unsupported as unfoldable
 from .admission import Admission, KVCost, Overloaded
 from .arrivals import Arrivals, Ticket
 from .batch import batchable
+from .draft_row import drafts
 from .driver import Driver
 from .instrument import Trace
 from .kernel_window import KernelWindow
@@ -39,6 +40,7 @@ from .rng import repair_key
 from .rows import Rows
 from .scheduler import Scheduler
 from .serial import validate
+from .speculate.drafting import refusal
 
 __all__ = ["Engine", "Overloaded"]
 
@@ -57,7 +59,8 @@ class Engine:
     """Submit requests from any thread; all MLX work happens on the engine's own thread.
 
     `config`: the engine's settings (mlxd.config.EngineConfig); keyword `settings` override its
-    fields (`Engine(model, batch=4)`). `phases` replaces the GIL phases `gil_phases` makes."""
+    fields (`Engine(model, batch=4)`). `phases` replaces the GIL phases `gil_phases` makes.
+    `draft_model`: what requests with `Speculation(mode="draft")` draft with (draft_row.py)."""
 
     def __init__(
         self,
@@ -70,6 +73,7 @@ class Engine:
         arrivals: Arrivals | None = None,
         weak_model: bool = False,
         phases: StepPhases | None = None,
+        draft_model: Any = None,
         **settings: Any,
     ) -> None:
         config = from_env(replace(config or EngineConfig(), **settings))
@@ -106,6 +110,7 @@ class Engine:
         self.scheduler = Scheduler(self._model_or_raise, config, self.admission, self.arrivals,
                                    self.rows, self.sharing, tokenizer)  # fmt: skip
         self.driver = Driver(self.admission, self.rows, self._turn)
+        self.use_draft(draft_model)
         self._busy_s = 0.0
         self._stopped = threading.Event()
         self._thread = run_on_worker(self._loop, self._stopped)
@@ -168,6 +173,12 @@ class Engine:
             raise
         return handles
 
+    def use_draft(self, draft_model: Any) -> None:
+        """Draft rows that start from now on draft with `draft_model` (None: refused)."""
+        if draft_model is not None and draft_model is not self.scheduler.draft_model:
+            materialize(draft_model)  # its lazy arrays, on this thread (see materialize)
+        self.scheduler.draft_model = draft_model
+
     def submit_driven(self, req: GenerationRequest) -> RequestHandle:
         """Submit `req`; read it with `drive`. If the engine is idle and this is the main
         thread, this thread will run the turns while its row is alone."""
@@ -195,6 +206,10 @@ class Engine:
     ) -> list[RequestHandle]:
         for req in reqs:
             validate(req, self.model)
+            if drafts(req) and (req.n > 1 or self.scheduler.draft_model is None):
+                raise ValueError("draft speculation needs the engine's draft model and n == 1")
+            if (why := refusal(self.model, req)) is not None:
+                raise ValueError(why)
             if req.kv_bits is not None:
                 self.announce_scheme(req.kv_bits, req.kv_group_size)
             self.admission.check(req)

@@ -13,12 +13,14 @@ from ..config import EngineConfig
 from .admission import Admission, Waiting
 from .arrivals import Arrivals
 from .batch import BatchedRow, batchable
+from .draft_row import DraftRow, drafts
 from .moves import ForkJob, needs_own_prefill
 from .output import RowOutput
 from .prefix import Plan, PrefixSharing, cuts_for
 from .request import DoneEvent, GenerationRequest, RequestHandle
 from .rows import Rows
 from .serial import SerialRow
+from .speculate.drafting import drafts_in_batch
 
 
 class Scheduler:
@@ -37,6 +39,7 @@ class Scheduler:
         queue.running = rows.active  # free rows are not queue places (Admission.push)
         self._held_for: float | None = None  # the oldest waiting request of the last hold
         self._lead_seen: tuple[float, int, bool] = (0.0, -1, False)  # _leads' last answer
+        self.draft_model: Any = None  # what draft requests draft with (Engine.use_draft)
 
     # the join window
     def hold(self) -> float:
@@ -110,12 +113,16 @@ class Scheduler:
             job = ForkJob(self._model(), req, handles, generation_stream, self.tokenizer, plan,
                           self._snapshot(req, plan))  # fmt: skip
             rows.add_fork(job, "forked", req.n)
-        joiners, plans = self._share([j for j in joiners if j[0].n == 1])
+        joiners = [j for j in joiners if j[0].n == 1]
+        if any(drafts(req) for req, _ in joiners):
+            joiners = self._drafts(joiners, driver)  # it runs alone, or waits to
+        joiners, plans = self._share(joiners)
         if not joiners:
             return
         outs = [RowOutput(req, self.tokenizer, h.submitted) for req, h in joiners]
         solo = len(joiners) == 1 and batchable(joiners[0][0], config) is not None
-        if not rows.active() and len(joiners) == 1 and (config.serial_fast_path or solo):
+        serial = (config.serial_fast_path and not drafts_in_batch(joiners[0][0])) or solo
+        if not rows.active() and len(joiners) == 1 and serial:
             (req, handle), out, plan = joiners[0], outs[0], plans[0]
             rows.alone = solo
             rows.paths["alone" if solo else "serial"] += 1
@@ -146,6 +153,33 @@ class Scheduler:
             histories.append(prompt[:start])
         if batched:
             rows.into_batch(batched, prompts, caches, histories)
+
+    def _drafts(self, joiners: list[Waiting], driver: RequestHandle | None) -> list[Waiting]:
+        """A draft-model request runs alone (mlx_lm.server serves a draft model one request at
+        a time): first in line with nothing running, it starts; else it waits again. The
+        others it returns. No prefix store: it starts from its own caches."""
+        rows = self.rows
+        if not rows.active() and drafts(joiners[0][0]):
+            (req, handle), back = joiners[0], joiners[1:]
+            out = RowOutput(req, self.tokenizer, handle.submitted)
+            handle.admit(req.cached_tokens)
+            rows.alone = True
+            rows.paths["draft model"] += 1
+            try:
+                row = DraftRow(self._model(), self.draft_model, req, generation_stream)
+                row.clears = self.config.clear_cache
+                row.keeps_key = handle is driver  # its drawn key, at hand for a hand-over
+                rows.serial = (row, handle, out)
+            except Exception as e:  # noqa: BLE001 - the caller re-raises it
+                rows.alone = False
+                handle.put(out.done("error", e))
+            keep: list[Waiting] = []
+        else:
+            back = [j for j in joiners if drafts(j[0])]
+            keep = [j for j in joiners if not drafts(j[0])]
+        if back:
+            self.queue.push_front(back)
+        return keep
 
     # the prefix store's plans
     def _plan(self, req: GenerationRequest) -> Plan | None:

@@ -11,6 +11,7 @@ from ..model import ModelLoadError
 from .app import ServerState
 from .errors import APIError, bad_request
 from .provider import Served
+from .speculation import speculative
 from .streaming import offload
 
 
@@ -37,6 +38,10 @@ class GenParams:
     n: int = 1
     constraint: Any = None  # structured output (mlxd.constrain.Constraint), None: free text
     forced_tool: str | None = None  # tool_choice: the named function, or "required"
+    speculative: str | None = None  # "ngram" / "off"; None: the server's --speculative
+    prediction: str | None = None  # OpenAI's predicted output (chat): the text to draft from
+    draft_model: str | None = "default_model"  # mlx_lm.server's: the served draft; null: off
+    num_draft_tokens: int | None = None  # None: the server's --num-draft-tokens
 
 
 NUM = (int, float)
@@ -143,6 +148,12 @@ def read_params(body: dict[str, Any], defaults: Any) -> GenParams:
         if abs(getattr(p, name)) > 1e6:
             raise bad_request(f"{name} must be between -1e6 and 1e6", name)
     p.constraint = structured(body)
+    p.speculative = speculative(body)
+    p.draft_model = body.get("draft_model", "default_model")  # an explicit null: no drafting
+    if p.draft_model is not None and not isinstance(p.draft_model, str):
+        raise bad_request("draft_model must be a string or null", "draft_model")
+    if (k := body.get("num_draft_tokens")) is not None:
+        p.num_draft_tokens = check("num_draft_tokens", k, int, lo=0, hi=INT32)
     return p
 
 
@@ -196,9 +207,6 @@ def apply_tool_choice(
 
 
 def refuse_unsupported(body: dict[str, Any]) -> None:
-    draft = body.get("draft_model")
-    if draft not in (None, "default_model"):
-        raise bad_request("draft_model: speculative decoding is not supported", "draft_model")
     for name in ("echo", "best_of", "suffix"):
         if body.get(name) not in (None, False, 1, ""):
             raise bad_request(f"{name} is not supported", name)

@@ -11,6 +11,7 @@ from .errors import bad_request
 from .params import GenParams
 from .prompt import Prompt
 from .provider import Served
+from .speculation import row_speculation
 
 
 def constrained(served: Served, p: GenParams) -> Any:
@@ -88,4 +89,6 @@ def build_request(
         logprob=p.logprobs,
         top_logprobs=max(p.top_logprobs, 0),
         snapshot_at=prompt.cuts,
+        speculation=served.draft_speculation(p, config.num_draft_tokens)
+        or row_speculation(served, p, config, max_tokens),
     )

@@ -91,12 +91,39 @@ def test_drafting_rows_beside_plain_rows_and_prompt_lookup(tiny_model) -> None:
 def test_stop_token_inside_an_accepted_run_ends_there(tiny_model) -> None:
     model, tok = _load(tiny_model, "qwen3")
     prompt = tok.encode(TEXTS[1])
-    (want, _, _), = _run(model, [_req(prompt, 20)])
+    ((want, _, _),) = _run(model, [_req(prompt, 20)])
     stop = want[7]
     cut = want[: want.index(stop) + 1]
     spec = Speculation("prediction", 8, want)
-    (toks, _, done), = _run(model, [_req(prompt, 20, spec, stop_token_ids=frozenset({stop}))])
+    ((toks, _, done),) = _run(model, [_req(prompt, 20, spec, stop_token_ids=frozenset({stop}))])
     assert toks == cut
     assert done.reason == "stop"
-    (toks, _, done), = _run(model, [_req(prompt, 5, spec)])
+    ((toks, _, done),) = _run(model, [_req(prompt, 5, spec)])
     assert toks == want[:5] and done.reason == "length"
+
+
+def test_quantized_kv_rows_draft_and_keep_their_tokens(tiny_model) -> None:
+    model, tok = _load(tiny_model, "qwen3")
+    prompts = [tok.encode(t) for t in TEXTS]
+    kv = {"kv_bits": 8, "quantized_kv_start": 0}
+    plain = _run(model, [_req(p, 20, **kv) for p in prompts])
+    specs = [Speculation("prediction", 4, toks[:9] + [1] + toks[10:]) for toks, _, _ in plain]
+    got = _run(model, [_req(p, 20, s, **kv) for p, s in zip(prompts, specs, strict=True)])
+    for (want, wlp, _), (toks, lps, done) in zip(plain, got, strict=True):
+        assert toks == want
+        assert _same_logprobs(lps, wlp)
+        assert done.accepted_tokens > 0
+
+
+@pytest.mark.parametrize(("arch", "kind"), [("gemma3", "RotatingKVCache"), ("lfm2", "ArraysCache")])
+def test_untrimmable_caches_refuse_speculation_with_the_reason(tiny_model, arch, kind) -> None:
+    model, tok = _load(tiny_model, arch)
+    engine = Engine(model)
+    try:
+        with pytest.raises(ValueError, match=f"trimmable caches.*{kind}"):
+            engine.submit(_req(tok.encode("hi"), 4, Speculation("ngram", 4)))
+        with pytest.raises(ValueError, match="max_kv_size"):
+            engine.submit(_req(tok.encode("hi"), 4, Speculation("ngram", 4), max_kv_size=64))
+        assert len(list(engine.submit(_req(tok.encode("hi"), 4)))) == 4  # it still serves
+    finally:
+        engine.close()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from ...kv.batch_quantized import BatchQuantizedKVCache
 from ...kv.batch_roll import RollingBatchKVCache
@@ -30,6 +30,22 @@ def drafts_in_batch(req: Any) -> bool:
     """The request drafts in the batched step (prompt lookup or a prediction)."""
     spec = req.speculation
     return spec is not None and spec.mode in ("ngram", "prediction") and spec.max_draft > 0
+
+
+def refusal(model: Any, req: Any) -> str | None:
+    """Why `req` cannot draft on `model` (None: it can, or it does not ask to): a verify step
+    cuts each row's cache back, and sliding-window rings and recurrent state cannot be cut."""
+    if not drafts_in_batch(req):
+        return None
+    if req.max_kv_size is not None:
+        return "speculative decoding needs trimmable caches, and max_kv_size makes a rotating one"
+    kinds = sorted({type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache})
+    if kinds:
+        return (
+            "speculative decoding needs trimmable caches, and this model has "
+            f"{', '.join(kinds)} layers (sliding-window or recurrent)"
+        )
+    return None
 
 
 @dataclass

@@ -71,12 +71,19 @@ class StepCosts:
         self._last = None
 
     def ratio(self, rows: int, width: int) -> float:
-        """A width-K step's cost over a plain step's, for this many rows."""
+        """A width-K step's cost over a plain step's, for this many rows: 1 + a*K, the slope a
+        fitted to every width measured (one bad width informs the others), PRIOR_COST before."""
         b = _bucket(rows)
-        plain, spec = self.seconds.get((b, 0)), self.seconds.get((b, width))
-        if plain is None or spec is None or plain <= 0:
+        plain = self.seconds.get((b, 0))
+        if plain is None or plain <= 0:
             return 1.0 + PRIOR_COST * width
-        return max(spec / plain, 1.0)
+        num = den = 0.0
+        for (bucket, k), t in self.seconds.items():
+            if bucket == b and k > 0:
+                num += (t / plain - 1.0) * k
+                den += k * k
+        slope = max(num / den, 0.0) if den else PRIOR_COST
+        return 1.0 + slope * width
 
 
 def choose_width(
