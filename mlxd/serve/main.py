@@ -14,6 +14,7 @@ from .log_format import configure
 from .metrics import Metrics
 from .port import port_problem
 from .provider import ModelProvider
+from .speculation import model_refusal as spec_refusal
 
 log = logging.getLogger("mlxd.serve")
 
@@ -27,7 +28,11 @@ def make_state(config: ServeConfig) -> ServerState:
     if config.num_draft_tokens < 0:
         raise ModelLoadError("--num-draft-tokens must be at least 0")
     config = config.resolved()
-    state = ServerState(config, ModelProvider(config))
+    provider = ModelProvider(config)
+    if config.speculative != "off" and (why := spec_refusal(provider.default.model)):
+        provider.close()
+        raise ModelLoadError(f"--speculative {config.speculative}: {why}")
+    state = ServerState(config, provider)
     state.metrics = Metrics(state)
     return state
 

@@ -70,8 +70,8 @@ def row_speculation(served: Any, p: Any, config: Any, max_tokens: int) -> Specul
     """The row's drafting: none when the request says off; the prediction's tokens (its
     first `max_tokens`: no more can be kept) when it gave one; n-gram lookup when the request
     or the server's `--speculative` asks for it. `--num-speculative-tokens` caps a step's draft.
-    A model whose caches cannot be cut back does not draft: a 400 naming the field that asked,
-    or, for the server's default, plain decoding."""
+    A model whose caches cannot be cut back does not draft: a 400 naming the field that asked
+    (the server's own `--speculative` is refused at start-up, serve/main.py)."""
     if p.speculative == "off":
         return None
     k = config.num_speculative_tokens
@@ -82,12 +82,15 @@ def row_speculation(served: Any, p: Any, config: Any, max_tokens: int) -> Specul
         spec = Speculation(mode="ngram", max_draft=k)
     else:
         return None
-    probe = GenerationRequest(prompt=mx.array([0]), speculation=spec)  # what the engine checks
-    if (why := refusal(served.model, probe)) is None:
+    if (why := model_refusal(served.model)) is None:
         return spec
-    if p.prediction is None and p.speculative is None:
-        return None
     raise bad_request(why, "prediction" if p.prediction is not None else "speculative")
+
+
+def model_refusal(model: Any) -> str | None:
+    """Why no request can draft on `model` (sliding-window or recurrent caches), or None."""
+    probe = GenerationRequest(prompt=mx.array([0]), speculation=Speculation("ngram", 1))
+    return refusal(model, probe)
 
 
 def prediction_details(drafted: int, accepted: int) -> dict[str, int]:

@@ -299,8 +299,15 @@ def test_metrics_count_drafts(qwen3_server, drafts) -> None:
 
 def test_a_model_that_cannot_draft(make_server, tiny_model, built) -> None:
     """Sliding-window caches cannot be cut back: asking to draft is a 400 naming the field that
-    asked (each API's shape); the server's --speculative ngram leaves such rows plain."""
-    live = make_server(model=str(tiny_model("gemma3")), speculative="ngram")
+    asked (each API's shape); the server's --speculative ngram is refused at start-up."""
+    from mlxd.cli.serve import parse_config
+    from mlxd.model import ModelLoadError
+    from mlxd.serve.main import make_state
+
+    path = str(tiny_model("gemma3"))
+    with pytest.raises(ModelLoadError, match="--speculative ngram: .*sliding-window"):
+        make_state(parse_config(["--model", path, "--speculative", "ngram"]))
+    live = make_server(model=path)
     chat = {"messages": USER, "max_tokens": 3}
     assert _spec(live, CHAT, chat, built) is None
     assert "sliding-window" in _openai_400(live.url, CHAT, {**chat, "speculative": "ngram"},
