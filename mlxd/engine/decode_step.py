@@ -98,7 +98,25 @@ class BiasedGenerationBatch(GenerationBatch):
         def process(inputs: mx.array, logits: mx.array) -> mx.array:
             return self.process(inputs, logits, kinds)  # type: ignore[arg-type]
 
-        return self.drafting.next(self, super().next, process)
+        def later(logits: mx.array) -> mx.array:
+            return self.biased_later(logits, [k[0] for k in kinds])  # type: ignore[index]
+
+        return self.drafting.next(self, super().next, process, later)
+
+    def biased_later(self, logits: mx.array, biases: list[Any]) -> mx.array:
+        """A verify step's positions after the first (B, K, vocab): each row's logit bias, as
+        the same scatter-add the first position gets (the same bits per logit). A drafting
+        row holds no other processor (speculate/drafting.py)."""
+        if not any(biases):
+            return logits
+        b, k, vocab = logits.shape
+        rows, cols, values = self._scatter(biases)
+        at = mx.arange(k)
+        rows = (rows[:, None] * k + at[None, :]).flatten()
+        cols = mx.repeat(cols, k)
+        values = mx.repeat(values, k)
+        flat = logits.reshape(b * k, vocab).at[rows, cols].add(values)
+        return flat.reshape(b, k, vocab)
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
         # kept while the step runs: a step that raises is undone from it (generator.py)

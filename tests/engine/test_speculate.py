@@ -127,3 +127,32 @@ def test_untrimmable_caches_refuse_speculation_with_the_reason(tiny_model, arch,
         assert len(list(engine.submit(_req(tok.encode("hi"), 4)))) == 4  # it still serves
     finally:
         engine.close()
+
+
+def test_logit_bias_rows_draft_with_the_bias_at_every_position(tiny_model) -> None:
+    """A logit bias is the same at every position: biased rows draft, and their tokens and
+    logprobs equal the plain biased step's (a penalty row beside them does not draft)."""
+    from mlxd.engine.sampling import SamplingParams
+
+    model, tok = _load(tiny_model, "qwen3")
+    prompts = [tok.encode(t) for t in TEXTS]
+    plain_out = _run(model, [_req(p, 24) for p in prompts])
+    bias = {t: -100.0 for t in plain_out[0][0][3:6]} | {7: 5.0}
+
+    def sampling(r: int) -> SamplingParams:
+        if r == 2:
+            return SamplingParams(repetition_penalty=1.3)
+        return SamplingParams(logit_bias=bias)
+
+    plain = _run(model, [_req(p, 24, sampling=sampling(r)) for r, p in enumerate(prompts)])
+    specs = [Speculation("prediction", 5, toks[:12] + [9] + toks[13:]) for toks, _, _ in plain]
+    reqs = [
+        _req(p, 24, s, sampling=sampling(r))
+        for r, (p, s) in enumerate(zip(prompts, specs, strict=True))
+    ]
+    got = _run(model, reqs)
+    for (want, wlp, _), (toks, lps, _) in zip(plain, got, strict=True):
+        assert toks == want
+        assert _same_logprobs(lps, wlp)
+    assert got[0][2].accepted_tokens > 0 and got[1][2].accepted_tokens > 0
+    assert got[2][2].drafted_tokens == 0

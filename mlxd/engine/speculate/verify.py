@@ -7,8 +7,8 @@ and the output keeps its distribution (greedy: its tokens). A row emits y_i and 
 drafts; the sample after them is its new pending token. The batch caches keep 1 + a_i positions
 a row: all are trimmed to the longest kept run, then shorter rows roll their rejected tail into
 their left padding (BatchKVCache's prepare(right_padding) + finalize, as after a ragged
-prefill). Rows with logits processors draft nothing; their position 0 is processed as in the
-plain step (`GenerationBatch`'s processors, decode_step.process).
+prefill). Position 0 is processed as in the plain step (decode_step.process); a drafting row
+holds at most a logit bias, added at its later positions too (`later`).
 """
 
 from collections.abc import Callable
@@ -27,6 +27,7 @@ def verify(
     pending: list[int],
     drafts: list[list[int]],
     process: Callable[[mx.array, mx.array], mx.array],
+    later: Callable[[mx.array], mx.array],
 ) -> tuple[list[Any], list[int]]:
     """One verify step on a BiasedGenerationBatch: its responses (one per emitted token, in
     row order) and each row's accepted draft count."""
@@ -36,7 +37,7 @@ def verify(
     logits = batch.model(x, cache=batch.prompt_cache)  # (B, K + 1, vocab)
     first = process(x[:, 0], logits[:, 0, :])
     if width:
-        logits = mx.concatenate([first[:, None], logits[:, 1:, :]], axis=1)
+        logits = mx.concatenate([first[:, None], later(logits[:, 1:, :])], axis=1)
     else:
         logits = first[:, None]
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
