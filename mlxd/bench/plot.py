@@ -10,6 +10,7 @@ from .variants import label, ratio_pairs
 # (key in a run's figures, column label, better direction, digits)
 SERVE_METRICS = [
     ("output_tok_s", "output tok/s", "higher", 1),
+    ("stream_tok_s_p50", "stream tok/s p50", "higher", 1),
     ("ttft_p50_s", "TTFT p50 s", "lower", 3),
     ("ttft_p99_s", "TTFT p99 s", "lower", 3),
     ("itl_p50_ms", "ITL p50 ms", "lower", 2),
@@ -54,7 +55,8 @@ def markdown(result: dict[str, Any]) -> str:
             cells = ["n/a" if (r := ratios.get(k)) is None else f"{r:.3f}" for k, *_ in metrics]
             lines.append(f"| {n} | {label(x)}/{label(y)} | " + " | ".join(cells) + " | | |")
     better = ", ".join(f"{lab}: {b}" for _, lab, b, _ in SERVE_METRICS)
-    lines += ["", f"better: {better}; ITL is the gap between streamed chunks."]
+    lines += ["", f"better: {better}; ITL is the gap between streamed chunks; stream tok/s: a "]
+    lines[-1] += "reply's tokens after its first over the time from its first chunk to its last."
     if has_acceptance(result):
         lines[-1] += " accept rate: accepted / drafted tokens; accepted/req: per request."
     return "\n".join(lines) + "\n"
@@ -63,9 +65,13 @@ def markdown(result: dict[str, Any]) -> str:
 def _workload_line(result: dict[str, Any]) -> str:
     a, model = result["args"], result["model"]
     if a.get("workload") == "edit":
+        runs = result.get("workload", {}).get("sources", {}).values()
+        sizes = [s["tokens"] for agents in runs for s in agents]
+        here = f" ({min(sizes)}-{max(sizes)} here)" if sizes else ""
         return (
-            f"edit: each agent sends its own {a['file_tokens']}-token Python file and asks for "
-            f"it back with one change, {a['turns']} turn(s) (EOS ends a reply)"
+            f"edit: each agent sends its own Python file of up to {a['file_tokens']} tokens"
+            f"{here} and asks for it back with one change, "
+            f"{a['turns']} turn(s) (EOS ends a reply)"
         )
     return (
         f"{a['turns']} turns per agent, {a['max_tokens']} tokens per turn (EOS banned), system "

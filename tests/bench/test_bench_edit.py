@@ -81,6 +81,25 @@ def test_drafts_and_acceptance_from_usage_fields() -> None:
     assert acceptance([])["acceptance_rate"] is None
 
 
+def test_stream_rate_counts_a_bursts_tokens_over_the_decode_span() -> None:
+    """Speculation streams several tokens at once: the rate is tokens after the first over the
+    first-to-last chunk span, per reply; its median over replies."""
+
+    def rec(tokens: int, chunks: list[float]) -> dict:
+        return {"ttft_s": chunks[0], "chunk_s": chunks, "completion_tokens": tokens}
+
+    recs = [
+        rec(5, [1.0, 1.0, 1.0, 1.5, 1.5]),  # 4 tokens in 0.5 s: 8 tok/s
+        rec(3, [0.0, 1.0, 2.0]),  # 2 in 2 s: 1 tok/s
+        rec(3, [0.0, 0.25, 0.5]),  # 2 in 0.5 s: 4 tok/s
+        rec(1, [0.3]),  # one token: no span
+    ]
+    for r in recs:
+        r |= {"error": None, "prompt_tokens": 1, "cached_tokens": None}
+    assert aggregate(recs, 2.0, 5)["stream_tok_s_p50"] == 4.0
+    assert aggregate(recs[3:], 2.0, 5)["stream_tok_s_p50"] is None
+
+
 def _stream(details: dict | None) -> str:
     usage = {"completion_tokens": 12, "prompt_tokens": 3}
     usage |= {"completion_tokens_details": details} if details is not None else {}
@@ -139,7 +158,9 @@ def test_the_report_shows_acceptance_per_variant_from_streamed_usage() -> None:
     assert plain.endswith("| n/a | n/a | 1 | 12 |")
     assert "| 1 | mlxd-spec/mlxd | 1.000 |" in table and "| 1 | mlxd/mlx-lm |" in table
     assert "mlxd-spec: mlxd --speculative ngram; replies identical to mlxd's: 1 of 1" in table
-    assert "edit: each agent sends its own 9-token Python file" in table
+    assert "edit: each agent sends its own Python file of up to 9 tokens and asks" in table
+    result["workload"] = {"sources": {"1:0": [{"tokens": 7}, {"tokens": 9}]}}
+    assert "file of up to 9 tokens (7-9 here)" in markdown(result)
 
 
 def test_a_table_without_drafts_has_no_acceptance_columns() -> None:
@@ -222,5 +243,6 @@ def test_bench_serve_edit_with_a_variant_end_to_end(tmp_path, tiny_model) -> Non
             assert 0 < req["completion_tokens"] <= req["requested_tokens"]
             assert req["requested_tokens"] == src["tokens"] * 5 // 4 + 64
             assert req["prompt_tokens"] > src["tokens"]  # the file and the ask
+            assert len(req["reply"]) == req["reply_chars"] > 0  # kept to read the edit off
     assert set(result["same_replies"]) == {"mlxd-folded"}
     assert "| 2 | mlxd-folded/mlxd |" in md.read_text()
