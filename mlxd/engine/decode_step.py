@@ -86,6 +86,7 @@ class BiasedGenerationBatch(GenerationBatch):
         return batch
 
     drafting: Drafting | None = None  # rows that speculate (speculate/), when any joined
+    _last_masks: Any = None  # the last step's grammar masks (host), for a verify step
 
     def next(self) -> list[Any]:
         """GenerationBatch.next, or a verify step when drafting rows have drafts worth it."""
@@ -95,28 +96,7 @@ class BiasedGenerationBatch(GenerationBatch):
         if any(k is None for k in kinds):
             return super().next()  # a caller's processor: mlx-lm's own step
 
-        def process(inputs: mx.array, logits: mx.array) -> mx.array:
-            return self.process(inputs, logits, kinds)  # type: ignore[arg-type]
-
-        def later(logits: mx.array) -> mx.array:
-            return self.biased_later(logits, [k[0] for k in kinds])  # type: ignore[index]
-
-        return self.drafting.next(self, super().next, process, later)
-
-    def biased_later(self, logits: mx.array, biases: list[Any]) -> mx.array:
-        """A verify step's positions after the first (B, K, vocab): each row's logit bias, as
-        the same scatter-add the first position gets (the same bits per logit). A drafting
-        row holds no other processor (speculate/drafting.py)."""
-        if not any(biases):
-            return logits
-        b, k, vocab = logits.shape
-        rows, cols, values = self._scatter(biases)
-        at = mx.arange(k)
-        rows = (rows[:, None] * k + at[None, :]).flatten()
-        cols = mx.repeat(cols, k)
-        values = mx.repeat(values, k)
-        flat = logits.reshape(b * k, vocab).at[rows, cols].add(values)
-        return flat.reshape(b, k, vocab)
+        return self.drafting.next(self, super().next, kinds)
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
         # kept while the step runs: a step that raises is undone from it (generator.py)
@@ -209,6 +189,7 @@ class BiasedGenerationBatch(GenerationBatch):
             self.settle()  # the masks read the last step's tokens here
             mx.async_eval(logits)  # the forward runs while the CPU fills the masks
             masks = self._masks(inputs, grammars)
+        self._last_masks = masks  # a verify step checks its drafts against them
         if any(biases):
             rows, cols, values = self._scatter(biases)
             logits = logits.at[rows, cols].add(values)

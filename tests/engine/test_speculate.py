@@ -15,6 +15,15 @@ from mlxd.engine.request import GenerationRequest, Speculation
 TEXTS = ["Hello there my friend", "Tell me a long story about a cat and a dog please", "x y z"]
 
 
+@pytest.fixture(autouse=True)
+def free_verify(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verify steps priced as plain ones: the gate drafts whenever a row has a draft, so what
+    each step drafts does not depend on this machine's timings (the gate: test_spec_gate.py)."""
+    from mlxd.engine.speculate.gate import StepCosts
+
+    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, width: 1.0)
+
+
 def _load(tiny_model: Callable[..., Path], arch: str):
     from mlx_lm import load
 
@@ -154,5 +163,45 @@ def test_logit_bias_rows_draft_with_the_bias_at_every_position(tiny_model) -> No
     for (want, wlp, _), (toks, lps, _) in zip(plain, got, strict=True):
         assert toks == want
         assert _same_logprobs(lps, wlp)
-    assert got[0][2].accepted_tokens > 0 and got[1][2].accepted_tokens > 0
-    assert got[2][2].drafted_tokens == 0
+    assert all(g[2].accepted_tokens > 0 for g in got)
+
+
+def test_grammar_and_penalty_rows_draft_with_each_positions_history(tiny_model) -> None:
+    """A grammar row's drafts are masked position by position (a forbidden draft is never
+    accepted) and its matcher ends where its output does; a penalty row's later positions see
+    the drafts before them. Tokens and logprobs equal the plain step's."""
+    from mlxd.constrain import Constraint, compiler_for
+    from mlxd.constrain.processor import GrammarLogitsProcessor
+    from mlxd.engine.sampling import SamplingParams
+
+    model, tok = _load(tiny_model, "qwen3")
+    eos = frozenset(tok.eos_token_ids)
+    compiler = compiler_for(tok)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}},
+              "required": ["n", "s"], "additionalProperties": False}  # fmt: skip
+    prompts = [tok.encode(t) for t in TEXTS]
+
+    def reqs(specs):
+        out = []
+        for r, p in enumerate(prompts):
+            kw = {"stop_token_ids": eos, "spec": specs[r] if specs else None}
+            if r == 1:
+                kw["sampling"] = SamplingParams(repetition_penalty=1.5, presence_penalty=0.5)
+            else:
+                m = compiler.matcher(Constraint.json_schema(schema))
+                kw["logits_processors"] = [GrammarLogitsProcessor(m)]
+            out.append(_req(p, 40, **kw))
+        return out
+
+    plain = _run(model, reqs(None))
+    specs = []
+    for toks, _, _ in plain:
+        wrong = list(toks)
+        wrong[4] = tok.encode("}")[0]  # a draft the grammar forbids there (or just a wrong one)
+        specs.append(Speculation("prediction", 6, wrong))
+    got = _run(model, reqs(specs))
+    for (want, wlp, _), (toks, lps, done) in zip(plain, got, strict=True):
+        assert toks == want
+        assert _same_logprobs(lps, wlp)
+        assert done.accepted_tokens > 0
+    assert sum(g[2].accepted_tokens for g in got) < sum(g[2].drafted_tokens for g in got)

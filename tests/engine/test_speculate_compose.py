@@ -23,6 +23,15 @@ def qwen3_tokenizer(qwen3_tokenizer_dir: Path) -> Any:
     return load_tokenizer(qwen3_tokenizer_dir)
 
 
+@pytest.fixture(autouse=True)
+def free_verify(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verify steps priced as plain ones: the gate drafts whenever a row has a draft, so what
+    each step drafts does not depend on this machine's timings (the gate: test_spec_gate.py)."""
+    from mlxd.engine.speculate.gate import StepCosts
+
+    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, width: 1.0)
+
+
 def _tokens(engine: Engine, req: GenerationRequest) -> tuple[list[Any], Any]:
     h = engine.submit(req)
     return list(h), h.done

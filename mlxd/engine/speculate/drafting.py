@@ -17,9 +17,9 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 from ...kv.batch_quantized import BatchQuantizedKVCache
 from ...kv.batch_roll import RollingBatchKVCache
 from ..request import Speculation
-from ..sampling import LogitBias
 from .gate import Acceptance, StepCosts, choose_width
 from .ngram import BACK, SIZES, NgramIndex
+from .processed import draftable
 from .verify import verify
 
 # Batch layers a verify step can cut back per row (trim, then a right-padding roll).
@@ -89,9 +89,7 @@ class Drafting:
         self.known: dict[int, int] = {}  # pending tokens a verify step left on the host
         self.plain: set[int] = set()  # rows that never draft
 
-    def next(
-        self, batch: Any, plain: Callable[[], list[Any]], process: Callable, later: Callable
-    ) -> list[Any]:
+    def next(self, batch: Any, plain: Callable[[], list[Any]], kinds: list[tuple]) -> list[Any]:
         """One step of `batch`: plain (`plain()`, GenerationBatch.next) or a verify step."""
         eligible = self._eligible(batch)
         rows = len(batch.uids)
@@ -111,7 +109,7 @@ class Drafting:
             ceiling = max(d.spec.max_draft for _, d in eligible)
             width = choose_width(rows, offers, self.costs, ceiling)
         if width:
-            responses = self._verify(batch, eligible, width, process, later)
+            responses = self._verify(batch, eligible, width, kinds)
             if responses is not None:
                 return responses
         self.costs.start(rows, 0)
@@ -141,8 +139,8 @@ class Drafting:
                     self.plain.add(uid)
                     continue
                 procs = batch.logits_processors[i] if batch.logits_processors else None
-                if procs and not all(isinstance(p, LogitBias) for p in procs):
-                    self.plain.add(uid)  # penalties and grammars read one position's history
+                if not draftable(procs):
+                    self.plain.add(uid)  # a caller's processor sees one position at a time
                     continue
                 d = self.rows[uid] = self._drafter(spec, batch, i)
             out.append((i, d))
@@ -157,9 +155,7 @@ class Drafting:
             d.output += batch.tokens[i][len(batch.tokens[i]) - done :] if done else []
         return d
 
-    def _verify(
-        self, batch: Any, eligible: list, width: int, process: Callable, later: Callable
-    ) -> Any:
+    def _verify(self, batch: Any, eligible: list, width: int, kinds: list[tuple]) -> Any:
         """A verify step of `width`, or None when no row has a draft after its pending token."""
         batch.settle()
         pending = batch._next_tokens.tolist()
@@ -173,7 +169,7 @@ class Drafting:
             batch.phases.held.release()  # no queue point of ours in this step
         batch._hot = False
         self.costs.start(len(pending), max(len(d) for d in drafts))
-        responses, accepted = verify(batch, pending, drafts, process, later)
+        responses, accepted = verify(batch, pending, drafts, kinds)
         for i, d in eligible:
             if drafts[i]:
                 d.acceptance.update(len(drafts[i]), accepted[i])

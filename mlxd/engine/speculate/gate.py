@@ -12,7 +12,7 @@ if it beats a plain step by `MARGIN`: text with nothing to copy keeps the plain,
 import time
 from dataclasses import dataclass, field
 
-DECAY = 0.85  # weight of past acceptance per update
+DECAY = 0.85  # weight of past acceptance per draft token tried since
 MARGIN = 0.05  # a verify step must promise this much more than a plain one
 PRIOR_COST = 0.15  # a position's cost relative to a one-token step, until measured
 EMA = 0.2  # weight of a new wall-time sample
@@ -32,8 +32,9 @@ class Acceptance:
     def update(self, drafted: int, accepted: int) -> None:
         """A run of `drafted` tokens of which the first `accepted` matched."""
         tried = accepted + (1 if accepted < drafted else 0)
-        self.accepted = self.accepted * DECAY + accepted
-        self.tried = self.tried * DECAY + tried
+        fade = DECAY**tried  # the past fades by the tokens tried, not by the runs
+        self.accepted = self.accepted * fade + accepted
+        self.tried = self.tried * fade + tried
 
     def expected(self, k: int) -> float:
         """Tokens a step emits for this row with k drafts: 1 + p + ... + p^k."""

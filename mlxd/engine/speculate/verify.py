@@ -7,17 +7,17 @@ and the output keeps its distribution (greedy: its tokens). A row emits y_i and 
 drafts; the sample after them is its new pending token. The batch caches keep 1 + a_i positions
 a row: all are trimmed to the longest kept run, then shorter rows roll their rejected tail into
 their left padding (BatchKVCache's prepare(right_padding) + finalize, as after a ragged
-prefill). Position 0 is processed as in the plain step (decode_step.process); a drafting row
-holds at most a logit bias, added at its later positions too (`later`).
+prefill). Position 0 is processed as in the plain step (decode_step.process), the later ones
+with the history each position would have had (processed.py).
 """
 
-from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 
 from ..output import Readout
+from . import processed
 
 Response = GenerationBatch.Response
 
@@ -26,8 +26,7 @@ def verify(
     batch: Any,
     pending: list[int],
     drafts: list[list[int]],
-    process: Callable[[mx.array, mx.array], mx.array],
-    later: Callable[[mx.array], mx.array],
+    kinds: list[tuple],
 ) -> tuple[list[Any], list[int]]:
     """One verify step on a BiasedGenerationBatch: its responses (one per emitted token, in
     row order) and each row's accepted draft count."""
@@ -35,9 +34,11 @@ def verify(
     feed = [[y, *d, *[y] * (width - len(d))] for y, d in zip(pending, drafts, strict=True)]
     x = mx.array(feed, dtype=mx.uint32)
     logits = batch.model(x, cache=batch.prompt_cache)  # (B, K + 1, vocab)
-    first = process(x[:, 0], logits[:, 0, :])
+    first = batch.process(x[:, 0], logits[:, 0, :], kinds)
+    consumed = [0] * len(drafts)
     if width:
-        logits = mx.concatenate([first[:, None], later(logits[:, 1:, :])], axis=1)
+        rest, consumed = processed.later(batch, kinds, drafts, logits[:, 1:, :])
+        logits = mx.concatenate([first[:, None], rest], axis=1)
     else:
         logits = first[:, None]
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -48,6 +49,7 @@ def verify(
         while a < len(d) and t[a] == d[a]:
             a += 1
         accepted.append(a)
+    processed.settle(batch, kinds, drafts, consumed, accepted)
     _roll_back(batch.prompt_cache, width, accepted)
     responses = _respond(batch, pending, drafts, accepted, sampled, logprobs)
     return responses, accepted
