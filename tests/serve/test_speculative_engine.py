@@ -90,14 +90,13 @@ def test_a_streamed_prediction_reports_usage(smollm2_server) -> None:
     assert usage["completion_tokens_details"]["accepted_prediction_tokens"] > 0, usage
 
 
-def test_rows_with_logits_processors_do_not_draft(smollm2_server) -> None:
-    """Penalties, logit bias and grammars change the logits a draft is checked against: such
-    rows decode one token a step for now, and report zeros for their prediction."""
+def test_rows_with_penalties_draft_and_change_nothing(smollm2_server) -> None:
+    """A penalty reads each position's history: the drafted row's answer is the one without a
+    prediction, and its drafts are accepted."""
     url = smollm2_server.url
     answer = _content(_chat(url, {"messages": COUNT, "repetition_penalty": 1.1}))
     body = {"messages": COUNT, "repetition_penalty": 1.1,
             "prediction": {"type": "content", "content": answer}}  # fmt: skip
     reply = _chat(url, body)
     assert _content(reply) == answer
-    assert reply["usage"]["completion_tokens_details"] == {
-        "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}  # fmt: skip
+    assert reply["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
