@@ -257,7 +257,10 @@ class KVCost:
             raise KVBudgetExceeded(
                 "max_tokens=-1 (no limit) has no worst case under kv_budget; set max_tokens"
             )
-        tokens = len(req.prompt) + gen
+        # a verify step writes a row's drafts before cutting the rejected ones back
+        spec = req.speculation
+        drafts = spec.max_draft if spec is not None else 0
+        tokens = len(req.prompt) + gen + drafts
         if req.max_kv_size is not None:
             tokens = min(tokens, req.max_kv_size)
         step = KVCache.step

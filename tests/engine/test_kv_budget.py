@@ -59,3 +59,14 @@ def test_request_that_never_fits_is_refused_naming_the_limit(model) -> None:
         assert len(list(engine.submit(_req(20, 12)))) == 12  # still serving
     finally:
         engine.close()
+
+
+def test_a_drafting_row_reserves_its_drafts(model) -> None:
+    """A verify step writes max_draft positions before cutting the rejected ones back: a row
+    that drafts is reserved as if its output were that much longer."""
+    from mlxd.engine.request import Speculation
+
+    cost = KVCost.probe(model)
+    req = _req(250, 6)  # 256 tokens: drafts cross the cache's 256-token allocation step
+    req.speculation = Speculation("ngram", 8)
+    assert cost.worst(req) == cost.worst(_req(250, 14)) > cost.worst(_req(250, 6))
