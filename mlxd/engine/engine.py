@@ -40,7 +40,7 @@ from .rng import repair_key
 from .rows import Rows
 from .scheduler import Scheduler
 from .serial import validate
-from .speculate.drafting import refusal
+from .speculate.drafting import drafts_in_batch, refusal
 
 __all__ = ["Engine", "Overloaded"]
 
@@ -210,6 +210,8 @@ class Engine:
                 raise ValueError("draft speculation needs the engine's draft model and n == 1")
             if (why := refusal(self.model, req)) is not None:
                 raise ValueError(why)
+            if drafts_in_batch(req) and (why := batchable(req, self.config)) is not None:
+                raise ValueError(f"speculative decoding runs in the batched step, and {why}")
             if req.kv_bits is not None:
                 self.announce_scheme(req.kv_bits, req.kv_group_size)
             self.admission.check(req)

@@ -88,7 +88,7 @@ def row_speculation(served: Any, p: Any, config: Any, max_tokens: int) -> Specul
 
 
 def model_refusal(model: Any) -> str | None:
-    """Why no request can draft on `model` (sliding-window or recurrent caches), or None."""
+    """Why no request can draft on `model` (recurrent state cannot be cut back), or None."""
     probe = GenerationRequest(prompt=mx.array([0]), speculation=Speculation("ngram", 1))
     return refusal(model, probe)
 

@@ -124,18 +124,41 @@ def test_quantized_kv_rows_draft_and_keep_their_tokens(tiny_model) -> None:
         assert done.accepted_tokens > 0
 
 
-@pytest.mark.parametrize(("arch", "kind"), [("gemma3", "RotatingKVCache"), ("lfm2", "ArraysCache")])
-def test_untrimmable_caches_refuse_speculation_with_the_reason(tiny_model, arch, kind) -> None:
-    model, tok = _load(tiny_model, arch)
+def test_recurrent_caches_refuse_speculation_with_the_reason(tiny_model) -> None:
+    model, tok = _load(tiny_model, "lfm2")
     engine = Engine(model)
     try:
-        with pytest.raises(ValueError, match=f"trimmable caches.*{kind}"):
+        with pytest.raises(ValueError, match="cut back.*ArraysCache"):
             engine.submit(_req(tok.encode("hi"), 4, Speculation("ngram", 4)))
-        with pytest.raises(ValueError, match="max_kv_size"):
-            engine.submit(_req(tok.encode("hi"), 4, Speculation("ngram", 4), max_kv_size=64))
+        with pytest.raises(ValueError, match="batched step.*max_kv_size"):
+            model2, tok2 = _load(tiny_model, "qwen3")
+            Engine(model2).submit(
+                _req(tok2.encode("hi"), 4, Speculation("ngram", 4), max_kv_size=64)
+            )
         assert len(list(engine.submit(_req(tok.encode("hi"), 4)))) == 4  # it still serves
     finally:
         engine.close()
+
+
+def test_sliding_window_rows_draft_past_their_window(tiny_model) -> None:
+    """gemma3's sliding layers (a 16-token window here) wrap many times over 60 tokens: rows
+    accepting different counts keep the plain tokens, and logprobs to float32 rounding."""
+    model, tok = _load(tiny_model, "gemma3")
+    prompts = [tok.encode(t) for t in TEXTS]
+    plain = _run(model, [_req(p, 60) for p in prompts])
+    specs = []
+    for r, (toks, _, _) in enumerate(plain):
+        wrong = list(toks)
+        for j in range(5 + r, len(wrong), 9 + 2 * r):
+            wrong[j] = (wrong[j] + 1) % 1000
+        specs.append(Speculation("prediction", 5, wrong))
+    got = _run(model, [_req(p, 60, s) for p, s in zip(prompts, specs, strict=True)])
+    for (want, wlp, _), (toks, lps, done) in zip(plain, got, strict=True):
+        assert toks == want
+        # a verify step attends its window over the ring's longer, masked multi-token buffer:
+        # float32 sums in another order (~1e-5), never another token
+        assert all(mx.allclose(a, b, atol=1e-4).item() for a, b in zip(lps, wlp, strict=True))
+        assert 0 < done.accepted_tokens < done.drafted_tokens
 
 
 def test_logit_bias_rows_draft_with_the_bias_at_every_position(tiny_model) -> None:

@@ -298,21 +298,21 @@ def test_metrics_count_drafts(qwen3_server, drafts) -> None:
 
 
 def test_a_model_that_cannot_draft(make_server, tiny_model, built) -> None:
-    """Sliding-window caches cannot be cut back: asking to draft is a 400 naming the field that
+    """Recurrent state cannot be cut back: asking to draft is a 400 naming the field that
     asked (each API's shape); the server's --speculative ngram is refused at start-up."""
     from mlxd.cli.serve import parse_config
     from mlxd.model import ModelLoadError
     from mlxd.serve.main import make_state
 
-    path = str(tiny_model("gemma3"))
-    with pytest.raises(ModelLoadError, match="--speculative ngram: .*sliding-window"):
+    path = str(tiny_model("lfm2"))
+    with pytest.raises(ModelLoadError, match="--speculative ngram: .*recurrent"):
         make_state(parse_config(["--model", path, "--speculative", "ngram"]))
     live = make_server(model=path)
     chat = {"messages": USER, "max_tokens": 3}
     assert _spec(live, CHAT, chat, built) is None
-    assert "sliding-window" in _openai_400(live.url, CHAT, {**chat, "speculative": "ngram"},
+    assert "recurrent" in _openai_400(live.url, CHAT, {**chat, "speculative": "ngram"},
                                            "speculative")  # fmt: skip
     _openai_400(live.url, CHAT, {**chat, "prediction": PREDICTION}, "prediction")
     body = {"model": "m", "max_tokens": 3, "messages": USER, "speculative": "ngram"}
     r = httpx.post(live.url + MESSAGES, json=body, timeout=60)
-    assert r.status_code == 400 and "sliding-window" in r.json()["error"]["message"], r.text
+    assert r.status_code == 400 and "recurrent" in r.json()["error"]["message"], r.text

@@ -12,7 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    BatchKVCache,
+    BatchRotatingKVCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 from ...kv.batch_quantized import BatchQuantizedKVCache
 from ...kv.batch_roll import RollingBatchKVCache
@@ -22,8 +28,10 @@ from .ngram import BACK, SIZES, NgramIndex
 from .processed import draftable
 from .verify import verify
 
-# Batch layers a verify step can cut back per row (trim, then a right-padding roll).
-TRIMMABLE = (BatchKVCache, RollingBatchKVCache, BatchQuantizedKVCache)
+# Batch layers a verify step can cut back per row (trim, then a right-padding roll; a
+# sliding window right after its multi-token update, verify.py).
+TRIMMABLE = (BatchKVCache, RollingBatchKVCache, BatchQuantizedKVCache, BatchRotatingKVCache)
+ROW_LAYERS = (KVCache, RotatingKVCache)  # the row caches those batch layers come from
 TAIL = BACK + max(SIZES) + 1  # the tokens a lookup reads
 
 
@@ -38,14 +46,16 @@ def refusal(model: Any, req: Any) -> str | None:
     cuts each row's cache back, and sliding-window rings and recurrent state cannot be cut."""
     if not drafts_in_batch(req):
         return None
-    if req.max_kv_size is not None:
-        return "speculative decoding needs trimmable caches, and max_kv_size makes a rotating one"
-    kinds = sorted({type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache})
+    cache = make_prompt_cache(model, max_kv_size=req.max_kv_size)
+    kinds = sorted({type(c).__name__ for c in cache if type(c) not in ROW_LAYERS})
     if kinds:
         return (
-            "speculative decoding needs trimmable caches, and this model has "
-            f"{', '.join(kinds)} layers (sliding-window or recurrent)"
+            "speculative decoding needs caches it can cut back, and this model has "
+            f"{', '.join(kinds)} layers (recurrent state)"
         )
+    quantized = req.kv_bits is not None or req.kv_config is not None
+    if quantized and req.quantize_windows and any(type(c) is RotatingKVCache for c in cache):
+        return "speculative decoding does not cut back quantized sliding windows"
     return None
 
 

@@ -15,7 +15,9 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
+from mlx_lm.models.cache import BatchRotatingKVCache
 
+from ...kv.batch_roll import roll_rows
 from ..output import Readout
 from . import processed
 
@@ -72,11 +74,33 @@ def _roll_back(caches: list[Any], width: int, accepted: list[int]) -> None:
     most = max(accepted)
     pads = [most - a for a in accepted]
     for cache in caches:
+        if type(cache) is BatchRotatingKVCache:
+            _cut_ring(cache, width - most, pads)
+            continue
         if width > most:
             cache.trim(width - most)
         if most and any(pads):
             cache.prepare(right_padding=pads)
             cache.finalize()
+
+
+def _cut_ring(ring: BatchRotatingKVCache, n: int, pads: list[int]) -> None:
+    """A sliding window after a multi-token update is in temporal order, not rotated (mlx-lm's
+    `_update_concat`): its rejected tail is cut like a plain layer's, the arrays end at the
+    last kept slot (the next one-token update trims the front to the window from there), and
+    shorter rows roll their rejected slots to the front, outside every later window."""
+    if n:
+        ring._idx -= n
+        ring._offset -= n
+        ring.offset = ring.offset - n
+    ring.keys = ring.keys[..., : ring._idx, :]
+    ring.values = ring.values[..., : ring._idx, :]
+    if any(pads):
+        ring.keys = roll_rows(ring.keys, pads)
+        ring.values = roll_rows(ring.values, pads)
+        shift = mx.array(pads)
+        ring.offset = ring.offset - shift
+        ring.left_padding = ring.left_padding + shift
 
 
 def _respond(batch, pending, drafts, accepted, sampled, logprobs) -> list[Any]:
