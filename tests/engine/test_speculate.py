@@ -228,3 +228,15 @@ def test_grammar_and_penalty_rows_draft_with_each_positions_history(tiny_model) 
         assert _same_logprobs(lps, wlp)
         assert done.accepted_tokens > 0
     assert sum(g[2].accepted_tokens for g in got) < sum(g[2].drafted_tokens for g in got)
+
+
+def test_a_stop_sequence_inside_an_accepted_run_ends_there(tiny_model) -> None:
+    model, tok = _load(tiny_model, "qwen3")
+    prompt = tok.encode(TEXTS[1])
+    ((want, _, _),) = _run(model, [_req(prompt, 24)])
+    seq = want[8:10]
+    end = next(i for i in range(1, len(want)) if want[i - 1 : i + 1] == seq) + 1
+    spec = Speculation("prediction", 8, want)
+    ((toks, _, done),) = _run(model, [_req(prompt, 24, spec, stop_sequences=[seq])])
+    assert toks == want[:end] and done.reason == "stop"
+    assert done.accepted_tokens > 0
