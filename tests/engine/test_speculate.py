@@ -34,8 +34,8 @@ def _req(prompt: list[int], n: int, spec: Speculation | None = None, **kw) -> Ge
     return GenerationRequest(prompt=mx.array(prompt), max_tokens=n, speculation=spec, **kw)
 
 
-def _run(model, reqs: list[GenerationRequest]) -> list[tuple[list[int], list[mx.array], object]]:
-    engine = Engine(model)
+def _run(model, reqs: list[GenerationRequest], **settings) -> list[tuple[list[int], list, object]]:
+    engine = Engine(model, **settings)
     try:
         handles = engine.submit_many(reqs)
         out = []
@@ -66,19 +66,22 @@ def test_predicted_output_is_token_identical_and_accepted(tiny_model, arch: str)
         assert done.accepted_tokens == done.drafted_tokens
 
 
-def test_ragged_acceptance_keeps_every_row_exact(tiny_model) -> None:
+@pytest.mark.parametrize("order", ["pipelined", "thread"])
+def test_ragged_acceptance_keeps_every_row_exact(tiny_model, order: str) -> None:
     """Rows whose predictions go wrong at different places: each row keeps its own accepted
-    run, the caches are rolled back per row, and the tokens stay the plain ones."""
+    run, the caches are rolled back per row, and the tokens stay the plain ones (with the
+    step's encoder thread too, CUDA's default order)."""
     model, tok = _load(tiny_model, "qwen3")
     prompts = [tok.encode(t) for t in TEXTS]
-    plain = _run(model, [_req(p, 30) for p in prompts])
+    plain = _run(model, [_req(p, 30) for p in prompts], step_order=order)
     specs = []
     for r, (toks, _, _) in enumerate(plain):
         wrong = list(toks)
         for j in range(3 + 2 * r, len(wrong), 7 + r):
             wrong[j] = (wrong[j] + 1) % 1000  # a different token every few places
         specs.append(Speculation("prediction", 6, wrong))
-    got = _run(model, [_req(p, 30, s) for p, s in zip(prompts, specs, strict=True)])
+    reqs = [_req(p, 30, s) for p, s in zip(prompts, specs, strict=True)]
+    got = _run(model, reqs, step_order=order)
     for (want, wlp, _), (toks, lps, done) in zip(plain, got, strict=True):
         assert toks == want
         assert _same_logprobs(lps, wlp)
