@@ -15,7 +15,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from ..config import EngineConfig
 from ..kv import mixed
-from .batch import batchable
+from .batch_row import batchable
 from .drain import DrainRate
 from .request import DoneEvent, GenerationRequest, RequestHandle
 

@@ -6,13 +6,11 @@ decides who joins and when, and maps its responses back to the rows' handles.
 """
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from ..config import EngineConfig
 from ..kv.additive_mask import takes_additive
@@ -20,92 +18,20 @@ from ..kv.batch_quantized import mergeable
 from ..model.folded_attention import for_mode
 from ..store.layers import clone
 from . import instrument as parts
+from .batch_row import BatchedRow, speculation_of, wants_of
 from .culprits import Guarded, guard_processors, guard_sampler
 from .decode_step import BiasedGenerationBatch
-from .draft_row import drafts
 from .generator import RowsGenerator
 from .kernel_window import StepClock
-from .output import RowOutput
 from .overlap import StepEncoder, StepPhases, stream
 from .prefill import keep_buffers, wave_size
-from .prefix import Plan, PrefixSharing
-from .request import DoneEvent, GenerationRequest, RequestHandle, Speculation, TokenEvent
+from .prefix import PrefixSharing
+from .request import DoneEvent, RequestHandle, TokenEvent
 from .rng import current_key, repair_key
-from .sampling import Key, KeyedSampler, default_on
+from .sampling import default_on
 from .speculate.drafting import Drafting, drafts_in_batch
 
 log = logging.getLogger("mlxd.engine")
-
-
-# A batched row's state (what BatchedRows, batch.py, holds per row) and mlx-lm's rule for which
-# requests may join the batch at all.
-
-
-@dataclass
-class BatchedRow:
-    req: GenerationRequest
-    handle: RequestHandle
-    out: RowOutput
-    key: Key | None = None  # the row's own PRNG stream (seeded, known draws per token)
-    uid: int = -1
-    generated: list[int] = field(default_factory=list)
-
-    keyed: KeyedSampler | None = None
-    plan: Plan | None = None  # the prefix store's plan for this row
-    cuts: list[int] = field(default_factory=list)  # snapshot positions still ahead of it
-    offset: int = 0  # tokens in its cache when it was inserted
-    processors: list[Any] | None = None  # its own, when siblings of one request need twins
-
-    def sampler(self):
-        if self.key is None or self.req.draws is None or self.req.sampler is None:
-            return self.req.sampler  # unseeded: the engine thread's shared key, as mlx-lm
-        self.keyed = KeyedSampler(self.req.sampler, self.key, self.req.draws)
-        return self.keyed
-
-    def current_key(self) -> Key | None:
-        return self.keyed.key if self.keyed is not None else None
-
-
-def batchable(req: GenerationRequest, config: EngineConfig) -> str | None:
-    """None when the request can share the batched step, else the reason it runs alone.
-    mlx-lm's rule: a row is batchable when every one of its cache layers can merge."""
-    if drafts(req):
-        return "a draft-model request runs one row at a time"
-    if req.max_kv_size != config.max_kv_size:
-        return "a max_kv_size other than the engine's runs one row at a time"
-    if req.input_embeddings is not None:
-        return "input embeddings run one row at a time"
-    if req.prompt_cache is not None and not all(_merges(c) for c in req.prompt_cache):
-        return "a prompt_cache with layers that cannot merge runs one row at a time"
-    return None
-
-
-def _merges(layer: Any) -> bool:
-    return hasattr(layer, "merge") or type(layer) is QuantizedKVCache  # see kv.mergeable
-
-
-def _wants(rows: dict[int, BatchedRow]) -> Callable[[int], tuple[bool, int] | None]:
-    """A row's (logprob?, top k) when it asked for logprob figures. It closes over the rows
-    only: a bound method would tie the step to BatchedRows in a cycle, and the batch's caches
-    would wait for the garbage collector instead of going when it closes."""
-
-    def lookup(uid: int) -> tuple[bool, int] | None:
-        row = rows.get(uid)
-        if row is None or (not row.req.logprob and row.req.top_logprobs <= 0):
-            return None
-        return row.req.logprob, row.req.top_logprobs
-
-    return lookup
-
-
-def _speculation(rows: dict[int, BatchedRow]) -> Callable[[int], Speculation | None]:
-    """A row's Speculation by uid (a closure over the rows only, as `_wants`)."""
-
-    def lookup(uid: int) -> Speculation | None:
-        row = rows.get(uid)
-        return row.req.speculation if row is not None else None
-
-    return lookup
 
 
 def evaluates_after_step(gen: BatchGenerator) -> bool:
@@ -157,7 +83,7 @@ class BatchedRows:
         self.additive_mask = takes_additive(
             model
         )  # its prefill mask, additive where cuDNN takes it
-        self.decode.wants = _wants(self.rows)  # logprob figures built in the step (Readout)
+        self.decode.wants = wants_of(self.rows)  # logprob figures built in the step (Readout)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
 
@@ -200,7 +126,7 @@ class BatchedRows:
             row.uid = uid
             self.rows[uid] = row
         if self.decode.drafting is None and any(drafts_in_batch(r.req) for r in rows):
-            self.decode.drafting = Drafting(_speculation(self.rows))
+            self.decode.drafting = Drafting(speculation_of(self.rows))
 
     @staticmethod
     def _segments(row: BatchedRow, feed: list[int], history: list[int]) -> list[list[int]]:

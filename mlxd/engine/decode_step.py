@@ -6,7 +6,7 @@ token ids, so when it is the only processor in the batch, one scatter over the w
 does the same adds to the same logits: the same bits, a handful of ops instead of ~4 per row.
 A grammar (structured outputs) masks with one `where` over the batch, free rows untouched, and
 its masks are filled on the CPU while the device computes the forward. Repetition, presence and
-frequency penalties run kind by kind over the batch (`apply_penalties`, below). Any other processor
+frequency penalties run kind by kind over the batch (penalties.py). Any other processor
 (a caller's callable) takes mlx-lm's own step, unchanged. After every step the layers' RoPE
 offsets share one add (kv/step_offsets.py).
 
@@ -30,6 +30,7 @@ from . import overlap as step_order
 from .kernel_window import StepClock
 from .output import Readout
 from .overlap import StepEncoder, StepPhases
+from .penalties import apply_penalties
 from .sampling import LogitBias, Penalty, sample_rows
 from .speculate.drafting import Drafting
 
@@ -284,45 +285,3 @@ class BiasedGenerationBatch(GenerationBatch):
             self._bias = (mx.concatenate(rows), mx.concatenate(cols), mx.concatenate(values))
             self._bias_of = of
         return self._bias
-
-
-# Repetition, presence and frequency penalties over a whole batch, kind by kind.
-#
-# mlx-lm's GenerationBatch applies each row's processors to its one-row slice, then concatenates
-# the rows. Each penalty only reads and writes the logits of the row's last `context` tokens, so
-# gathering every row's (row, token) pairs of one kind and running the penalty's ops on them once
-# does the same ops to the same logits, in the same order per logit (bias, repetition, presence,
-# frequency, as make_logits_processors orders them): the same bits
-# (tests/engine/test_batch_penalties.py).
-
-KINDS = ("repetition", "presence", "frequency")
-
-
-def apply_penalties(
-    logits: mx.array, penalties: list[list[Penalty]], contexts: dict[int, mx.array]
-) -> mx.array:
-    """`penalties[e]`: row e's penalties; `contexts[e]`: its token history including the token
-    this step feeds (mlx-lm's TokenBuffer.update_and_fetch)."""
-    for kind in KINDS:
-        items = [(e, p) for e, ps in enumerate(penalties) for p in ps if p.kind == kind]
-        if not items:
-            continue
-        windows = [contexts[e][-p.context :] for e, p in items]  # mlx-lm's tokens[-context:]
-        sizes = [w.shape[0] for w in windows]
-        rows = mx.array([e for (e, _), n in zip(items, sizes, strict=True) for _ in range(n)])
-        cols = windows[0] if len(windows) == 1 else mx.concatenate(windows)
-        values = [p.penalty for (_, p), n in zip(items, sizes, strict=True) for _ in range(n)]
-        logits = _apply(kind, logits, rows, cols, mx.array(values, dtype=logits.dtype))
-    return logits
-
-
-def _apply(kind: str, logits: mx.array, rows: Any, cols: Any, p: mx.array) -> mx.array:
-    """The ops of mlx-lm's make_*_penalty processors, on (row, token) pairs."""
-    if kind == "repetition":
-        selected = logits[rows, cols]
-        logits[rows, cols] = mx.where(selected < 0, selected * p, selected / p)
-    elif kind == "presence":
-        logits[rows, cols] = logits[rows, cols] - p
-    else:
-        logits = logits.at[rows, cols].subtract(p)
-    return logits

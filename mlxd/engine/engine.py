@@ -26,7 +26,7 @@ from ..model.folded_attention import is_folded
 from ..model.folded_attention import unsupported as unfoldable
 from .admission import Admission, KVCost, Overloaded
 from .arrivals import Arrivals, Ticket
-from .batch import batchable
+from .batch_row import batchable
 from .draft_row import drafts
 from .driver import Driver
 from .instrument import Trace

@@ -14,7 +14,8 @@ from mlx_lm.generate import generation_stream
 from ..kv.batch_quantized import is_quantized
 from ..kv.convert import converter
 from ..model.folded_attention import is_folded
-from .batch import BatchedRow, BatchedRows
+from .batch import BatchedRows
+from .batch_row import BatchedRow
 from .output import RowOutput
 from .prefix import Plan
 from .request import DoneEvent, GenerationRequest, RequestHandle, TokenEvent

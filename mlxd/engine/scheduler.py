@@ -12,7 +12,7 @@ from mlx_lm.generate import generation_stream
 from ..config import EngineConfig
 from .admission import Admission, Waiting
 from .arrivals import Arrivals
-from .batch import BatchedRow, batchable
+from .batch_row import BatchedRow, batchable
 from .draft_row import DraftRow, drafts
 from .moves import ForkJob, needs_own_prefill
 from .output import RowOutput

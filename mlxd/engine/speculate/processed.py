@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from ...constrain.mask import apply_bitmask
+from ..penalties import apply_penalties
 from ..sampling import LogitBias, Penalty
 
 # Processors a drafting row may hold (a caller's own callable keeps the row plain).
@@ -48,7 +49,7 @@ def later(
             step = step.at[rows, cols].add(values)
         if bases:
             contexts = {e: _context(base, drafts[e][: j + 1]) for e, base in bases.items()}
-            step = apply_penalties_rows(step, penalties, contexts)
+            step = apply_penalties(step, penalties, contexts)
         if masks is not None:
             live = _consume(grammars, drafts, j, masks, consumed)
             if live:
@@ -85,12 +86,6 @@ def _consume(grammars, drafts, j, masks, consumed) -> set[int]:
 
 def _context(base: mx.array, drafts: list[int]) -> mx.array:
     return mx.concatenate([base, mx.array(drafts, dtype=base.dtype)]) if drafts else base
-
-
-def apply_penalties_rows(logits: mx.array, penalties: list, contexts: dict) -> mx.array:
-    from ..decode_step import apply_penalties
-
-    return apply_penalties(logits, penalties, contexts)
 
 
 def settle(batch: Any, kinds: list[tuple], drafts: list[list[int]], consumed, accepted) -> None:
