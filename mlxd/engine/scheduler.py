@@ -124,17 +124,12 @@ class Scheduler:
         serial = (config.serial_fast_path and not drafts_in_batch(joiners[0][0])) or solo
         if not rows.active() and len(joiners) == 1 and serial:
             (req, handle), out, plan = joiners[0], outs[0], plans[0]
-            rows.alone = solo
             rows.paths["alone" if solo else "serial"] += 1
-            try:
-                row = SerialRow(rows.step_model(), req, generation_stream, plan,
-                                self._snapshot(req, plan))  # fmt: skip
-                row.clears = config.clear_cache
-                row.keeps_key = handle is driver  # its drawn key, at hand for a hand-over
-                rows.serial = (row, handle, out)
-            except Exception as e:  # noqa: BLE001 - the caller re-raises it
-                rows.alone = False
-                handle.put(out.done("error", e))
+            self._serial(
+                lambda: SerialRow(rows.step_model(), req, generation_stream, plan,
+                                  self._snapshot(req, plan)),
+                handle, out, solo, driver,
+            )  # fmt: skip
             return
         batched, prompts, caches, histories = [], [], [], []
         for (req, handle), out, plan in zip(joiners, outs, plans, strict=True):
@@ -154,6 +149,27 @@ class Scheduler:
         if batched:
             rows.into_batch(batched, prompts, caches, histories)
 
+    def _serial(
+        self,
+        make: Callable[[], Any],
+        handle: RequestHandle,
+        out: RowOutput,
+        alone: bool,
+        driver: RequestHandle | None,
+    ) -> None:
+        """The one row on serial caches (`alone`: no row may join it); a row that cannot be
+        built ends with its error (its reader re-raises it)."""
+        rows = self.rows
+        rows.alone = alone
+        try:
+            row = make()
+            row.clears = self.config.clear_cache
+            row.keeps_key = handle is driver  # its drawn key, at hand for a hand-over
+            rows.serial = (row, handle, out)
+        except Exception as e:  # noqa: BLE001 - the reader re-raises it
+            rows.alone = False
+            handle.put(out.done("error", e))
+
     def _drafts(self, joiners: list[Waiting], driver: RequestHandle | None) -> list[Waiting]:
         """A draft-model request runs alone (mlx_lm.server serves a draft model one request at
         a time): first in line with nothing running, it starts; else it waits again. The
@@ -163,16 +179,11 @@ class Scheduler:
             (req, handle), back = joiners[0], joiners[1:]
             out = RowOutput(req, self.tokenizer, handle.submitted)
             handle.admit(req.cached_tokens)
-            rows.alone = True
             rows.paths["draft model"] += 1
-            try:
-                row = DraftRow(self._model(), self.draft_model, req, generation_stream)
-                row.clears = self.config.clear_cache
-                row.keeps_key = handle is driver  # its drawn key, at hand for a hand-over
-                rows.serial = (row, handle, out)
-            except Exception as e:  # noqa: BLE001 - the caller re-raises it
-                rows.alone = False
-                handle.put(out.done("error", e))
+            self._serial(
+                lambda: DraftRow(self._model(), self.draft_model, req, generation_stream),
+                handle, out, True, driver,
+            )  # fmt: skip
             keep: list[Waiting] = []
         else:
             back = [j for j in joiners if drafts(j[0])]

@@ -2,6 +2,7 @@
 a drafting row (one that stopped inside an accepted run too), n > 1 siblings draft, a cancelled
 drafting row frees its place, seeded sampling repeats, and logprob figures stay the plain ones."""
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,57 +72,51 @@ def test_the_store_keeps_a_drafting_rows_tokens_exactly(tiny_lm, qwen3_tokenizer
         stored.close()
 
 
-def test_siblings_of_one_prompt_draft(tiny_lm, qwen3_tokenizer) -> None:
-    model = tiny_lm("qwen3")
-    prompt = qwen3_tokenizer.encode(PROMPT)
-    engine = Engine(model)
-    try:
-        want = [e.token for e in _tokens(engine, _req(prompt, 20))[0]]
-        spec = Speculation("prediction", 4, want)
-        handles = engine.submit_n(_req(prompt, 20, speculation=spec), 3)
-        for h in handles:
-            assert [e.token for e in h] == want
-            assert h.done.accepted_tokens > 0
-    finally:
-        engine.close()
+@pytest.fixture
+def prompt(qwen3_tokenizer: Any) -> list[int]:
+    return qwen3_tokenizer.encode(PROMPT)
 
 
-def test_cancelled_drafting_row_frees_its_place(tiny_lm, qwen3_tokenizer) -> None:
-    model = tiny_lm("qwen3")
-    prompt = qwen3_tokenizer.encode(PROMPT)
-    engine = Engine(model)
-    try:
-        want = [e.token for e in _tokens(engine, _req(prompt, 40))[0]]
-        spec = Speculation("prediction", 4, want)
-        a, b = engine.submit_many([_req(prompt, 40, speculation=spec), _req(prompt, 40)])
-        it = iter(a)
-        got = [next(it).token for _ in range(6)]
-        a.cancel()
-        list(it)
-        assert a.done.reason == "cancelled" and got == want[:6]
-        assert [e.token for e in b] == want
-        assert [e.token for e in _tokens(engine, _req(prompt, 40, speculation=spec))[0]] == want
-        assert engine.stats()["active"] == 0
-    finally:
-        engine.close()
+@pytest.fixture
+def engine(tiny_lm: Any) -> Iterator[Engine]:
+    e = Engine(tiny_lm("qwen3"))
+    yield e
+    e.close()
 
 
-def test_seeded_sampling_repeats_and_figures_match(tiny_lm, qwen3_tokenizer) -> None:
+def test_siblings_of_one_prompt_draft(engine: Engine, prompt: list[int]) -> None:
+    want = [e.token for e in _tokens(engine, _req(prompt, 20))[0]]
+    spec = Speculation("prediction", 4, want)
+    handles = engine.submit_n(_req(prompt, 20, speculation=spec), 3)
+    for h in handles:
+        assert [e.token for e in h] == want
+        assert h.done.accepted_tokens > 0
+
+
+def test_cancelled_drafting_row_frees_its_place(engine: Engine, prompt: list[int]) -> None:
+    want = [e.token for e in _tokens(engine, _req(prompt, 40))[0]]
+    spec = Speculation("prediction", 4, want)
+    a, b = engine.submit_many([_req(prompt, 40, speculation=spec), _req(prompt, 40)])
+    it = iter(a)
+    got = [next(it).token for _ in range(6)]
+    a.cancel()
+    list(it)
+    assert a.done.reason == "cancelled" and got == want[:6]
+    assert [e.token for e in b] == want
+    assert [e.token for e in _tokens(engine, _req(prompt, 40, speculation=spec))[0]] == want
+    assert engine.stats()["active"] == 0
+
+
+def test_seeded_sampling_repeats_and_figures_match(engine: Engine, prompt: list[int]) -> None:
     """With a temperature, a seeded drafting row repeats itself; the logprob and top-logprob
     figures of every token (accepted drafts too) are read from that token's own vector."""
-    model = tiny_lm("qwen3")
-    prompt = qwen3_tokenizer.encode(PROMPT)
-    engine = Engine(model)
-    try:
-        params = SamplingParams(temp=0.8)
-        kw = {"sampling": params, "seed": 7, "logprob": True, "top_logprobs": 3}
-        greedy = [e.token for e in _tokens(engine, _req(prompt, 24))[0]]
-        spec = Speculation("prediction", 4, greedy)
-        runs = [_tokens(engine, _req(prompt, 24, speculation=spec, **kw))[0] for _ in range(2)]
-        assert [e.token for e in runs[0]] == [e.token for e in runs[1]]
-        for e in runs[0]:
-            assert e.logprob == e.logprobs[e.token].item()
-            top = sorted(e.logprobs.tolist(), reverse=True)[:3]
-            assert sorted(v for _, v in e.top_logprobs) == sorted(top)
-    finally:
-        engine.close()
+    params = SamplingParams(temp=0.8)
+    kw = {"sampling": params, "seed": 7, "logprob": True, "top_logprobs": 3}
+    greedy = [e.token for e in _tokens(engine, _req(prompt, 24))[0]]
+    spec = Speculation("prediction", 4, greedy)
+    runs = [_tokens(engine, _req(prompt, 24, speculation=spec, **kw))[0] for _ in range(2)]
+    assert [e.token for e in runs[0]] == [e.token for e in runs[1]]
+    for e in runs[0]:
+        assert e.logprob == e.logprobs[e.token].item()
+        top = sorted(e.logprobs.tolist(), reverse=True)[:3]
+        assert sorted(v for _, v in e.top_logprobs) == sorted(top)
