@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from .check import check_folder
 from .errors import ModelLoadError
+from .peft import mlx_adapter
 from .resolve import resolve_model
 
 
@@ -29,8 +30,10 @@ def load(
     """Load model and tokenizer; `None` means the embedded default model."""
     folder = resolve_model(path_or_hf_repo, revision=revision)
     check_folder(folder)
-    if adapter_path is not None and not _exists(adapter_path):
-        raise ModelLoadError(f"{adapter_path[:200]}: adapter path not found")
+    if adapter_path is not None:
+        if not _exists(adapter_path):
+            raise ModelLoadError(f"{adapter_path[:200]}: adapter path not found")
+        adapter_path = mlx_adapter(adapter_path, folder)  # checked; PEFT's converted once
     try:
         loaded = _mlx_lm_load(
             str(folder),
@@ -45,7 +48,8 @@ def load(
             _materialize_with_progress(loaded[0], folder.name)
         return loaded
     except (ValueError, OSError, RuntimeError) as e:
-        raise ModelLoadError(f"{folder}: {e}") from e
+        lines = " ".join(line.strip() for line in str(e).splitlines())  # mlx-lm's adapter check
+        raise ModelLoadError(f"{folder}: {lines}") from e
 
 
 def _materialize_with_progress(model: nn.Module, label: str, chunk: int = 256 << 20) -> None:
