@@ -366,8 +366,8 @@ class ServeConfig:
     draft_model: str | None = flag(None,
         "--draft-model", group=MODEL, parse=str,
         help="A model for speculative decoding (mlx-lm's speculative_generate_step: requests "
-        "that draft with it run one at a time, as in mlx_lm.server; a request's `draft_model` "
-        "null turns it off)",
+        "that draft with it run one at a time, as in mlx_lm.server, unless --speculative draft; "
+        "a request's `draft_model` null turns it off)",
     )  # fmt: skip
     num_draft_tokens: int = flag(3,
         "--num-draft-tokens", group=MODEL, parse=int,
@@ -562,16 +562,17 @@ class ServeConfig:
         help="Use pipelining instead of tensor parallelism",
     )  # fmt: skip
     speculative: str = flag("off",
-        "--speculative", group=ENGINE, choices=("off", "ngram"),
-        help="whether requests draft tokens by default from their own prompt and output "
-        "(ngram: prompt lookup, verified in the batched step; the same output, lossless); a "
-        "request's `speculative` field overrides it, and a chat request's `prediction` "
-        "(OpenAI's Predicted Outputs) drafts unless that field is off (default: off)",
+        "--speculative", group=ENGINE, choices=("off", "ngram", "draft"),
+        help="how requests draft tokens by default, verified in the batched step (the same "
+        "output, lossless): ngram looks up their own prompt and output, draft runs "
+        "--draft-model for every drafting row at once; a request's `speculative` field "
+        "overrides it, and a chat request's `prediction` (OpenAI's Predicted Outputs) drafts "
+        "unless that field is off (default: off)",
     )  # fmt: skip
     num_speculative_tokens: int = flag(8,
         "--num-speculative-tokens", group=ENGINE, parse=int,
-        help="the most tokens a row drafts per step for ngram and prediction drafting "
-        "(vLLM's name; default: 8)",
+        help="the most tokens a row drafts per step in the batched step (ngram, prediction, "
+        "draft; vLLM's name; default: 8)",
     )  # fmt: skip
 
     # sampling defaults (L3)

@@ -74,6 +74,7 @@ class BatchedRows:
         self.errored = False  # a row ended with an error (the engine then clears MLX's buffers)
         self._samplers: dict[int, Guarded] = {}  # a caller's sampler, guarded once (culprits.py)
         self.wave = (config.prefill_batch, config.prefill_tokens)  # floor, token budget
+        self.draft_model: Any = None  # the engine's draft model, for rows drafting with it
         self.clears = config.clear_cache
         self.decode.phases = phases
         self.decode.clock = clock
@@ -126,7 +127,7 @@ class BatchedRows:
             row.uid = uid
             self.rows[uid] = row
         if self.decode.drafting is None and any(drafts_in_batch(r.req) for r in rows):
-            self.decode.drafting = Drafting(speculation_of(self.rows))
+            self.decode.drafting = Drafting(speculation_of(self.rows), lambda: self.draft_model)
 
     @staticmethod
     def _segments(row: BatchedRow, feed: list[int], history: list[int]) -> list[list[int]]:

@@ -40,7 +40,8 @@ from .rng import repair_key
 from .rows import Rows
 from .scheduler import Scheduler
 from .serial import validate
-from .speculate.drafting import drafts_in_batch, refusal
+from .speculate.draft_model import draft_refusal
+from .speculate.drafting import drafts_in_batch, model_drafts, refusal
 
 __all__ = ["Engine", "Overloaded"]
 
@@ -60,7 +61,8 @@ class Engine:
 
     `config`: the engine's settings (mlxd.config.EngineConfig); keyword `settings` override its
     fields (`Engine(model, batch=4)`). `phases` replaces the GIL phases `gil_phases` makes.
-    `draft_model`: what requests with `Speculation(mode="draft")` draft with (draft_row.py)."""
+    `draft_model`: what requests with `Speculation(mode="draft")` draft with, alone
+    (draft_row.py), and those with mode "model" in the batched step (speculate/)."""
 
     def __init__(
         self,
@@ -177,7 +179,7 @@ class Engine:
         """Draft rows that start from now on draft with `draft_model` (None: refused)."""
         if draft_model is not None and draft_model is not self.scheduler.draft_model:
             materialize(draft_model)  # its lazy arrays, on this thread (see materialize)
-        self.scheduler.draft_model = draft_model
+        self.scheduler.draft_model = self.scheduler.rows.draft_model = draft_model
 
     def submit_driven(self, req: GenerationRequest) -> RequestHandle:
         """Submit `req`; read it with `drive`. If the engine is idle and this is the main
@@ -210,6 +212,8 @@ class Engine:
                 raise ValueError("draft speculation needs the engine's draft model and n == 1")
             if (why := refusal(self.model, req)) is not None:
                 raise ValueError(why)
+            if model_drafts(req) and (why := draft_refusal(self.scheduler.draft_model)):
+                raise ValueError(f"batched draft-model speculation: {why}")
             if drafts_in_batch(req) and (why := batchable(req, self.config)) is not None:
                 raise ValueError(f"speculative decoding runs in the batched step, and {why}")
             if req.kv_bits is not None:

@@ -23,12 +23,13 @@ LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 class Speculation:
     """How a row drafts tokens for the target to verify: `ngram` looks its own prompt and output
     up, `prediction` follows the given tokens (OpenAI Predicted Outputs) and falls back to
-    `ngram` (both in the batched step, engine/speculate/); `draft` runs the engine's draft model
-    with mlx-lm's speculative_generate_step, alone (engine/draft_row.py). Sample-and-match keeps
-    the output's distribution either way."""
+    `ngram`, `model` drafts with the engine's draft model (all three in the batched step,
+    engine/speculate/); `draft` runs the engine's draft model with mlx-lm's
+    speculative_generate_step, alone (engine/draft_row.py). Sample-and-match keeps the
+    output's distribution either way."""
 
-    mode: str = "ngram"  # "ngram" | "prediction" | "draft"
-    max_draft: int = 8  # ngram/prediction: a ceiling the per-row gate picks under; draft: k
+    mode: str = "ngram"  # "ngram" | "prediction" | "model" | "draft"
+    max_draft: int = 8  # batched modes: a ceiling the per-row gate picks under; draft: k
     prediction: list[int] | None = None  # the predicted output's tokens (mode "prediction")
 
 

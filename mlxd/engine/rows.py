@@ -48,6 +48,7 @@ class Rows:
         self.serial: Serial | None = None
         self.alone = False  # the serial row cannot share the batched step
         self.batches: dict[Any, BatchedRows] = {}  # by KV format (None: unquantized)
+        self.draft_model: Any = None  # the engine's draft model (Engine.use_draft)
         self.forks: list[ForkJob] = []  # n > 1 prompts and quantized prefills, alone
         self.groups: dict[int, list[RequestHandle]] = {}  # n > 1: first handle -> siblings
         self.keys = KeyOwner()
@@ -132,6 +133,7 @@ class Rows:
                     model, self.config, self.sharing, fmt, self.phases, self.clock
                 )
             parts = [[xs[i] for i in idx] for xs in (rows, prompts, caches, histories)]
+            self.batches[fmt].draft_model = self.draft_model
             self.batches[fmt].insert(*parts)
 
     def _serial_to_prefill_job(self) -> bool:

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..blas import blas_in_use
 from ..config import ServeConfig
+from ..engine.speculate.draft_model import draft_refusal
 from ..model import ModelLoadError
 from .app import ServerState, build_app
 from .http_body import harden
@@ -29,7 +30,10 @@ def make_state(config: ServeConfig) -> ServerState:
         raise ModelLoadError("--num-draft-tokens must be at least 0")
     config = config.resolved()
     provider = ModelProvider(config)
-    if config.speculative != "off" and (why := spec_refusal(provider.default.model)):
+    why = spec_refusal(provider.default.model) if config.speculative != "off" else None
+    if config.speculative == "draft" and why is None:
+        why = draft_refusal(provider.default.draft)
+    if why is not None:
         provider.close()
         raise ModelLoadError(f"--speculative {config.speculative}: {why}")
     state = ServerState(config, provider)

@@ -38,7 +38,7 @@ class GenParams:
     n: int = 1
     constraint: Any = None  # structured output (mlxd.constrain.Constraint), None: free text
     forced_tool: str | None = None  # tool_choice: the named function, or "required"
-    speculative: str | None = None  # "ngram" / "off"; None: the server's --speculative
+    speculative: str | None = None  # "ngram" / "draft" / "off"; None: the server's
     prediction: str | None = None  # OpenAI's predicted output (chat): the text to draft from
     draft_model: str | None = "default_model"  # mlx_lm.server's: the served draft; null: off
     num_draft_tokens: int | None = None  # None: the server's --num-draft-tokens

@@ -10,8 +10,9 @@ load is a 404, except that a bare name (no path or repo shape: `gpt-4o`, the lab
 tool sends) means the served model unless --strict-model-names. Anthropic clients send only
 their own ids, so /v1/messages maps any such name to the served model (same flag).
 
---draft-model: the served model's engine drafts with it (mlx-lm's speculative decoding, one
-request at a time); a request's `draft_model` picks it or turns it off (`draft_speculation`).
+--draft-model: the served model's engine drafts with it: mlx-lm's speculative decoding, one
+request at a time, or with `--speculative draft` in the batched step beside every other row; a
+request's `draft_model` picks it or turns it off (`draft_speculation`).
 """
 
 import collections
@@ -58,12 +59,16 @@ class Served:
     context_length: int | None  # max_position_embeddings, when the config says
     weight_bytes: int
     draft_names: tuple[str, ...] = ()  # the names of its draft model (--draft-model), if any
+    draft: Any = None  # that draft model
 
-    def draft_speculation(self, p: Any, num_draft_tokens: int) -> Speculation | None:
+    def draft_speculation(self, p: Any, config: Any) -> Speculation | None:
         """mlx_lm.server's `draft_model` field (`p.draft_model`, default "default_model"):
         "default_model" or the served draft's name drafts with it, null turns drafting off,
-        another name is a 400. Rows the draft row does not run (n > 1, a grammar, a
-        prediction, `speculative: off`) go without: the output's distribution is the same."""
+        another name is a 400. With `speculative` "draft" (the request's or the server's) the
+        row drafts in the batched step, `num_draft_tokens` (else --num-speculative-tokens)
+        its ceiling; else alone, as mlx_lm.server, `num_draft_tokens` (else
+        --num-draft-tokens) a step. Rows the lone path does not run (n > 1, a grammar), a
+        prediction (it drafts instead), `speculative` off or ngram go without it."""
         name = p.draft_model
         if name is None:
             return None
@@ -72,10 +77,14 @@ class Served:
                 "none is served with this model")  # fmt: skip
             raise bad_request(f"draft_model {shown(name)} is not served here; {served}",
                               "draft_model")  # fmt: skip
-        skip = p.n > 1 or p.constraint is not None or p.prediction is not None
-        if not self.draft_names or skip or p.speculative == "off":
+        if not self.draft_names or p.prediction is not None or p.speculative in ("off", "ngram"):
             return None
-        k = num_draft_tokens if p.num_draft_tokens is None else p.num_draft_tokens
+        if (p.speculative or config.speculative) == "draft":
+            k = config.num_speculative_tokens if p.num_draft_tokens is None else p.num_draft_tokens
+            return Speculation(mode="model", max_draft=k) if k > 0 else None
+        if p.n > 1 or p.constraint is not None:
+            return None
+        k = config.num_draft_tokens if p.num_draft_tokens is None else p.num_draft_tokens
         return Speculation(mode="draft", max_draft=k)
 
 
@@ -200,6 +209,7 @@ class ModelProvider:
             log.warning("Draft model tokenizer does not match model tokenizer. "
                         "Speculative decoding may not work as expected.")  # fmt: skip
         self.default.engine.use_draft(draft)
+        self.default.draft = draft
         self.default.draft_names = tuple(dict.fromkeys([ref, str(folder)]))
 
     def serves(self, name: str | None) -> bool:

@@ -89,6 +89,6 @@ def build_request(
         logprob=p.logprobs,
         top_logprobs=max(p.top_logprobs, 0),
         snapshot_at=prompt.cuts,
-        speculation=served.draft_speculation(p, config.num_draft_tokens)
+        speculation=served.draft_speculation(p, config)
         or row_speculation(served, p, config, max_tokens),
     )

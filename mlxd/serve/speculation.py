@@ -1,5 +1,5 @@
-"""Speculative decoding as the HTTP APIs ask for it: a body's `speculative` ("ngram" | "off",
-null for the server's `--speculative`), OpenAI's Predicted Outputs (`prediction` on chat
+"""Speculative decoding as the HTTP APIs ask for it: a body's `speculative` ("ngram" | "draft" |
+"off", null for the server's `--speculative`), OpenAI's Predicted Outputs (`prediction` on chat
 completions, refused with what OpenAI refuses it with), the row's engine `Speculation`, and
 the usage fields that report how much of the draft the model kept."""
 
@@ -11,15 +11,16 @@ from ..engine.request import GenerationRequest, Speculation
 from ..engine.speculate.drafting import refusal
 from .errors import bad_request
 
-MODES = ("ngram", "off")
+MODES = ("ngram", "draft", "off")
 
 
 def speculative(body: dict[str, Any]) -> str | None:
-    """The body's `speculative`: "ngram", "off", or None (absent or null: the server's)."""
+    """The body's `speculative`: "ngram", "draft", "off", or None (absent or null: the
+    server's)."""
     value = body.get("speculative")
     if value is None or value in MODES:
         return value
-    raise bad_request("speculative must be 'ngram', 'off' or null", "speculative")
+    raise bad_request("speculative must be 'ngram', 'draft', 'off' or null", "speculative")
 
 
 def prediction(body: dict[str, Any]) -> str | None:
@@ -74,6 +75,9 @@ def row_speculation(served: Any, p: Any, config: Any, max_tokens: int) -> Specul
     (the server's own `--speculative` is refused at start-up, serve/main.py)."""
     if p.speculative == "off":
         return None
+    if p.speculative == "draft" and p.prediction is None:  # draft_speculation took it if it could
+        why = "a draft model (--draft-model)" if not served.draft_names else "draft_model not null"
+        raise bad_request(f"speculative 'draft' needs {why}", "speculative")
     k = config.num_speculative_tokens
     if p.prediction is not None:
         ids = served.tokenizer.encode(p.prediction, add_special_tokens=False)[:max_tokens]

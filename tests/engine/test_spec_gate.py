@@ -62,3 +62,32 @@ def test_the_gate_drafts_only_when_it_pays() -> None:
     costs.seconds = {(32, 0): 1.0, (32, 8): 1.4}
     assert choose_width(32, [(good, 8)], costs, 8) == 0  # one drafting row of 32 does not pay
     assert choose_width(32, [(good, 8)] * 32, costs, 8) == 8
+
+
+def test_the_plain_baseline_is_measured_first_and_then_refreshed(monkeypatch) -> None:
+    """A row that always has drafts (a draft model's) still lets plain steps be timed: before
+    any plain sample of its rows bucket, and again every REFRESH verify steps."""
+    clock = iter(float(t) for t in range(1000))
+    monkeypatch.setattr(gate.time, "perf_counter", lambda: next(clock))
+    costs = StepCosts()
+    assert costs.needs_plain(4)
+    costs.start(4, 0)
+    costs.start(4, 3)  # the plain step's sample lands here
+    assert not costs.needs_plain(4) and costs.needs_plain(1)  # another bucket: its own
+    for _ in range(gate.REFRESH - 1):
+        costs.start(4, 3)
+    assert not costs.needs_plain(4)
+    costs.start(4, 3)
+    assert costs.needs_plain(4)
+    costs.pause()  # rows changed: the next start measures nothing
+    costs.start(4, 0)
+    assert costs.needs_plain(4)
+
+
+def test_acceptance_forgets_toward_the_prior() -> None:
+    a = Acceptance(accepted=0, tried=40)
+    before = a.p
+    for _ in range(300):
+        a.forget(0.97)
+    assert before < a.p < 0.5 + 1e-9
+    assert a.p == pytest.approx(0.5, abs=0.01)

@@ -1,17 +1,19 @@
 """Speculation in the batched step: which rows draft, how wide, and the bookkeeping after.
 
 Each step, every drafting row proposes from what its cache holds (prompt lookup, or the
-prediction it was given); the gate (gate.py) weighs those proposals against the measured cost
-of a wider step. A plain step keeps mlx-lm's pipelined GenerationBatch step; a verify step
-(verify.py) reads the pending tokens, drafts after them and verifies every row at once. Rows
-whose caches cannot be cut back (sliding-window rings, recurrent state) never get here: the
-engine refuses their speculation up front (`refusal`).
+prediction it was given) or offers the engine's draft model (draft_model.py); the gate
+(gate.py) weighs those proposals against the measured cost of a wider step. A plain step keeps
+mlx-lm's pipelined GenerationBatch step; a verify step (verify.py) reads the pending tokens,
+drafts after them and verifies every row at once. Rows whose caches cannot be cut back
+(sliding-window rings, recurrent state) never get here: the engine refuses their speculation
+up front (`refusal`).
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
 from mlx_lm.models.cache import (
     BatchKVCache,
     BatchRotatingKVCache,
@@ -23,6 +25,7 @@ from mlx_lm.models.cache import (
 from ...kv.batch_quantized import BatchQuantizedKVCache
 from ...kv.batch_roll import RollingBatchKVCache
 from ..request import Speculation
+from .draft_model import ModelDrafts
 from .gate import Acceptance, StepCosts, choose_width
 from .ngram import BACK, SIZES, NgramIndex
 from .processed import draftable
@@ -33,12 +36,19 @@ from .verify import verify
 TRIMMABLE = (BatchKVCache, RollingBatchKVCache, BatchQuantizedKVCache, BatchRotatingKVCache)
 ROW_LAYERS = (KVCache, RotatingKVCache)  # the row caches those batch layers come from
 TAIL = BACK + max(SIZES) + 1  # the tokens a lookup reads
+MODES = ("ngram", "prediction", "model")  # the modes that draft in the batched step
+FORGET = 0.97  # a draft-model row's acceptance drifts back to its prior each step it waits
 
 
 def drafts_in_batch(req: Any) -> bool:
-    """The request drafts in the batched step (prompt lookup or a prediction)."""
+    """The request drafts in the batched step (prompt lookup, a prediction, the draft model)."""
     spec = req.speculation
-    return spec is not None and spec.mode in ("ngram", "prediction") and spec.max_draft > 0
+    return spec is not None and spec.mode in MODES and spec.max_draft > 0
+
+
+def model_drafts(req: Any) -> bool:
+    """The request drafts with the engine's draft model in the batched step."""
+    return drafts_in_batch(req) and req.speculation.mode == "model"
 
 
 def refusal(model: Any, req: Any) -> str | None:
@@ -92,24 +102,34 @@ class RowDrafter:
 class Drafting:
     """The drafting rows of one batch, by uid (`lookup`: a uid's Speculation, or None)."""
 
-    def __init__(self, lookup: Callable[[int], Speculation | None]) -> None:
+    def __init__(
+        self, lookup: Callable[[int], Speculation | None], draft_model: Callable[[], Any]
+    ) -> None:
         self.lookup = lookup
+        self.draft_model = draft_model  # the engine's, now (mode "model")
+        self.model_drafts: ModelDrafts | None = None
         self.rows: dict[int, RowDrafter] = {}
         self.costs = StepCosts()
         self.known: dict[int, int] = {}  # pending tokens a verify step left on the host
         self.plain: set[int] = set()  # rows that never draft
+        self._uids: tuple[int, ...] = ()  # the rows of the last step
 
     def next(self, batch: Any, plain: Callable[[], list[Any]], kinds: list[tuple]) -> list[Any]:
         """One step of `batch`: plain (`plain()`, GenerationBatch.next) or a verify step."""
         eligible = self._eligible(batch)
         rows = len(batch.uids)
+        if tuple(batch.uids) != self._uids:  # rows joined or left (or it idled): no sample
+            self._uids = tuple(batch.uids)
+            self.costs.pause()
         width = 0
-        if eligible:
+        if eligible and not self.costs.needs_plain(rows):
             offers = []
             for i, d in eligible:
                 room = min(d.spec.max_draft, batch.max_tokens[i] - batch._num_tokens[i] - 1)
                 uid = batch.uids[i]
-                if uid in self.known:
+                if d.spec.mode == "model":
+                    n = room  # its proposals cost a draft forward each: the gate decides
+                elif uid in self.known:
                     n, d.guess = len(d.propose(self.known[uid], room)), None
                 else:
                     got = d.propose(None, room + 1)
@@ -123,6 +143,9 @@ class Drafting:
             if responses is not None:
                 return responses
         self.costs.start(rows, 0)
+        for _, d in eligible:
+            if d.spec.mode == "model":
+                d.acceptance.forget(FORGET)  # nothing checks its drafts while it waits
         responses = plain()
         self.known = {}
         self._shadow(responses)
@@ -145,7 +168,7 @@ class Drafting:
                 if uid in self.plain:
                     continue
                 spec = self.lookup(uid)
-                if spec is None or spec.mode not in ("ngram", "prediction") or spec.max_draft < 1:
+                if spec is None or spec.mode not in MODES or spec.max_draft < 1:
                     self.plain.add(uid)
                     continue
                 procs = batch.logits_processors[i] if batch.logits_processors else None
@@ -168,18 +191,29 @@ class Drafting:
     def _verify(self, batch: Any, eligible: list, width: int, kinds: list[tuple]) -> Any:
         """A verify step of `width`, or None when no row has a draft after its pending token."""
         batch.settle()
-        pending = batch._next_tokens.tolist()
+        uids = batch.uids
+        if self.known and all(u in self.known for u in uids):
+            pending = [self.known[u] for u in uids]  # the last verify step read them
+        else:
+            pending = batch._next_tokens.tolist()
         drafts: list[list[int]] = [[] for _ in pending]
+        proposed = self._model_drafts(batch, eligible, pending, width)
+        lazy: dict[int, mx.array] = {}
         for i, d in eligible:
             room = min(width, batch.max_tokens[i] - batch._num_tokens[i] - 1)
-            drafts[i] = d.propose(pending[i], room)
+            if d.spec.mode == "model":
+                if room > 0:
+                    lazy[i] = proposed[uids[i]][:room]
+                    drafts[i] = [0] * room  # its values stay on the device until verify reads
+            else:
+                drafts[i] = d.propose(pending[i], room)
         if not any(drafts):
             return None
         if batch.phases is not None:
             batch.phases.held.release()  # no queue point of ours in this step
         batch._hot = False
         self.costs.start(len(pending), max(len(d) for d in drafts))
-        responses, accepted = verify(batch, pending, drafts, kinds)
+        responses, accepted = verify(batch, pending, drafts, kinds, lazy)
         for i, d in eligible:
             if drafts[i]:
                 d.acceptance.update(len(drafts[i]), accepted[i])
@@ -189,6 +223,20 @@ class Drafting:
         self.known = dict(zip(batch.uids, nxt, strict=True))
         self._emitted(responses)
         return responses
+
+    def _model_drafts(
+        self, batch: Any, eligible: list, pending: list[int], width: int
+    ) -> dict[int, mx.array]:
+        """The draft model's proposals for every draft-model row still in the batch."""
+        model = self.draft_model()
+        if self.model_drafts is None or self.model_drafts.model is not model:
+            self.model_drafts = ModelDrafts(model) if model is not None else None
+        uids = [batch.uids[i] for i, d in eligible if d.spec.mode == "model"]
+        if self.model_drafts is None or not uids:
+            return {}
+        index = {u: i for i, u in enumerate(batch.uids)}
+        histories = {u: batch.tokens[index[u]] for u in uids}
+        return self.model_drafts.propose(histories, {u: pending[index[u]] for u in uids}, width)
 
     def _shadow(self, responses: list[Any]) -> None:
         """A plain step's token checks the guess of each row that did not draft (no cost)."""

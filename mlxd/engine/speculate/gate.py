@@ -16,6 +16,7 @@ DECAY = 0.85  # weight of past acceptance per draft token tried since
 MARGIN = 0.05  # a verify step must promise this much more than a plain one
 PRIOR_COST = 0.15  # a position's cost relative to a one-token step, until measured
 EMA = 0.2  # weight of a new wall-time sample
+REFRESH = 64  # verify steps of a rows bucket before a plain step re-measures its baseline
 
 
 @dataclass
@@ -36,6 +37,11 @@ class Acceptance:
         self.accepted = self.accepted * fade + accepted
         self.tried = self.tried * fade + tried
 
+    def forget(self, keep: float) -> None:
+        """Fade what was measured by `keep` (the estimate drifts back to the prior)."""
+        self.accepted *= keep
+        self.tried *= keep
+
     def expected(self, k: int) -> float:
         """Tokens a step emits for this row with k drafts: 1 + p + ... + p^k."""
         p = min(self.p, 0.999)
@@ -51,6 +57,7 @@ class StepCosts:
     """Wall time of plain and verify steps by (rows bucket, width), as moving averages."""
 
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    since: dict[int, int] = field(default_factory=dict)  # verify steps since a plain sample
     _last: tuple[float, int, int] | None = None  # (start, rows, width) of the step running
 
     def start(self, rows: int, width: int) -> None:
@@ -65,7 +72,14 @@ class StepCosts:
                 self.seconds[key] = dt
             else:  # a turn that also prefilled joiners or waited idle counts at most 3x
                 self.seconds[key] = old + EMA * (min(dt, 3 * old) - old)
+            self.since[key[0]] = 0 if w == 0 else self.since.get(key[0], 0) + 1
         self._last = (now, rows, width)
+
+    def needs_plain(self, rows: int) -> bool:
+        """A plain step must (re-)measure the baseline: a row that always has drafts (a draft
+        model's) would otherwise be priced against the prior forever."""
+        b = _bucket(rows)
+        return (b, 0) not in self.seconds or self.since.get(b, 0) >= REFRESH
 
     def pause(self) -> None:
         """The batch is idle or changed shape: the next start measures nothing."""

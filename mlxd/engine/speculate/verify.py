@@ -8,7 +8,8 @@ drafts; the sample after them is its new pending token. The batch caches keep 1 
 a row: all are trimmed to the longest kept run, then shorter rows roll their rejected tail into
 their left padding (BatchKVCache's prepare(right_padding) + finalize, as after a ragged
 prefill). Position 0 is processed as in the plain step (decode_step.process), the later ones
-with the history each position would have had (processed.py).
+with the history each position would have had (processed.py). A draft model's drafts come as
+device arrays (`lazy`): fed as they are, read with the samples (one sync).
 """
 
 from typing import Any
@@ -29,12 +30,19 @@ def verify(
     pending: list[int],
     drafts: list[list[int]],
     kinds: list[tuple],
+    lazy: dict[int, mx.array] | None = None,
 ) -> tuple[list[Any], list[int]]:
     """One verify step on a BiasedGenerationBatch: its responses (one per emitted token, in
-    row order) and each row's accepted draft count."""
+    row order) and each row's accepted draft count. `lazy`: rows whose drafts are device
+    arrays (their lists in `drafts` hold placeholders of the same length, filled here)."""
     width = max(len(d) for d in drafts)
     feed = [[y, *d, *[y] * (width - len(d))] for y, d in zip(pending, drafts, strict=True)]
     x = mx.array(feed, dtype=mx.uint32)
+    if lazy:
+        x = _fed_lazy(x, pending, lazy)
+        if any(kinds[i] and (kinds[i][1] or kinds[i][2]) for i in lazy):
+            _fill(drafts, lazy)  # penalties and grammars read the drafts position by position
+            lazy = None
     logits = batch.model(x, cache=batch.prompt_cache)  # (B, K + 1, vocab)
     first = batch.process(x[:, 0], logits[:, 0, :], kinds)
     consumed = [0] * len(drafts)
@@ -45,6 +53,8 @@ def verify(
         logits = first[:, None]
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     sampled = _sample(batch, logprobs, drafts)
+    if lazy:
+        _fill(drafts, lazy)  # computed before the forward that made the samples: no wait
     accepted = []
     for d, t in zip(drafts, sampled, strict=True):
         a = 0
@@ -55,6 +65,25 @@ def verify(
     _roll_back(batch.prompt_cache, width, accepted)
     responses = _respond(batch, pending, drafts, accepted, sampled, logprobs)
     return responses, accepted
+
+
+def _fed_lazy(x: mx.array, pending: list[int], lazy: dict[int, mx.array]) -> mx.array:
+    """`x` with each lazy row's drafts after its pending token (then its own padding)."""
+    width = x.shape[1]
+    rows = []
+    for i, y in enumerate(pending):
+        if i in lazy:
+            d = lazy[i]
+            pad = mx.full((width - 1 - d.shape[0],), y, dtype=mx.uint32)
+            rows.append(mx.concatenate([mx.array([y], dtype=mx.uint32), d, pad]))
+        else:
+            rows.append(x[i])
+    return mx.stack(rows)
+
+
+def _fill(drafts: list[list[int]], lazy: dict[int, mx.array]) -> None:
+    for i, d in lazy.items():
+        drafts[i] = d.tolist()
 
 
 def _sample(batch: Any, logprobs: mx.array, drafts: list[list[int]]) -> list[list[int]]:
