@@ -18,13 +18,14 @@ from ..kv.batch_quantized import mergeable
 from ..model.folded_attention import for_mode
 from ..store.layers import clone
 from . import instrument as parts
+from .adapters import uid_slots
 from .batch_row import BatchedRow, speculation_of, wants_of
 from .culprits import Guarded, guard_processors, guard_sampler
 from .decode_step import BiasedGenerationBatch
 from .generator import RowsGenerator
 from .kernel_window import StepClock
 from .overlap import StepEncoder, StepPhases, stream
-from .prefill import keep_buffers, wave_size
+from .prefill import KeptBuffersPromptBatch, SlottedPromptBatch, keep_buffers, wave_size
 from .prefix import PrefixSharing
 from .request import DoneEvent, RequestHandle, TokenEvent
 from .rng import current_key, repair_key
@@ -63,8 +64,8 @@ class BatchedRows:
             max_kv_size=config.max_kv_size,
             stream=stream() if config.step_order == "thread" else None,  # overlap.py
         )
-        if not config.clear_cache:
-            keep_buffers(self.gen)
+        # mlx-lm's prompt batch (or one keeping its buffers) that sets the rows' adapter slots
+        keep_buffers(self.gen, SlottedPromptBatch if config.clear_cache else KeptBuffersPromptBatch)
         on = config.batch_sampling
         self.decode = BiasedGenerationBatch.install(
             self.gen, model, default_on() if on is None else on
@@ -126,6 +127,10 @@ class BatchedRows:
         for uid, row in zip(uids, rows, strict=True):
             row.uid = uid
             self.rows[uid] = row
+        if rows and (reg := rows[0].req.adapter_slots) is not None:  # the engine's adapters
+            self.decode.adapter_rows = self.gen._prompt_batch.adapter_rows = uid_slots(
+                reg, self.rows
+            )
         if self.decode.drafting is None and any(drafts_in_batch(r.req) for r in rows):
             self.decode.drafting = Drafting(speculation_of(self.rows), lambda: self.draft_model)
 

@@ -27,6 +27,7 @@ from ..constrain.processor import GrammarLogitsProcessor
 from ..kv import step_offsets
 from . import culprits
 from . import overlap as step_order
+from .adapters import no_slots
 from .kernel_window import StepClock
 from .output import Readout
 from .overlap import StepEncoder, StepPhases
@@ -87,6 +88,8 @@ class BiasedGenerationBatch(GenerationBatch):
         return batch
 
     drafting: Drafting | None = None  # rows that speculate (speculate/), when any joined
+    # uids -> a `with` that sets their adapter slots around a model call (engine/adapters.py)
+    adapter_rows = staticmethod(no_slots)
     _last_masks: Any = None  # the last step's grammar masks (host), for a verify step
 
     def next(self) -> list[Any]:
@@ -106,7 +109,8 @@ class BiasedGenerationBatch(GenerationBatch):
             layers = self._kept_layers = culprits.kept_layers(self.prompt_cache)
         if layers:
             self.kept = culprits.keep(self.prompt_cache, layers)
-        out = self._processed_step()
+        with self.adapter_rows(self.uids):
+            out = self._processed_step()
         self.before = self.kept = None
         step_offsets.share(self.prompt_cache, before)  # one offset add next step, not one a layer
         return out

@@ -24,6 +24,7 @@ import mlx.core as mx
 from ..config import EngineConfig, from_env
 from ..model.folded_attention import is_folded
 from ..model.folded_attention import unsupported as unfoldable
+from .adapters import EngineAdapters
 from .admission import Admission, KVCost, Overloaded
 from .arrivals import Arrivals, Ticket
 from .batch_row import batchable
@@ -112,6 +113,7 @@ class Engine:
         self.scheduler = Scheduler(self._model_or_raise, config, self.admission, self.arrivals,
                                    self.rows, self.sharing, tokenizer)  # fmt: skip
         self.driver = Driver(self.admission, self.rows, self._turn)
+        self.adapters = EngineAdapters(self._model_or_raise)  # per-row LoRA (adapters.py)
         self.use_draft(draft_model)
         self._busy_s = 0.0
         self._stopped = threading.Event()
@@ -181,6 +183,23 @@ class Engine:
             materialize(draft_model)  # its lazy arrays, on this thread (see materialize)
         self.scheduler.draft_model = self.scheduler.rows.draft_model = draft_model
 
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load an mlx-lm or PEFT adapter folder as `name`, for requests naming it; between
+        model calls (under the turn lock). AdapterError / ModelLoadError name the file."""
+        with self.driver.lock:
+            self.adapters.load(name, path, busy=self.rows.busy())
+
+    def unload_adapter(self, name: str) -> None:
+        """KeyError if unknown; ValueError while a live or queued row uses it."""
+        with self.driver.lock:
+            self.adapters.unload(name)
+
+    def adapter_names(self) -> list[str]:
+        return self.adapters.names()
+
+    def adapter_bytes(self, name: str) -> int:
+        return self.adapters.nbytes(name)
+
     def submit_driven(self, req: GenerationRequest) -> RequestHandle:
         """Submit `req`; read it with `drive`. If the engine is idle and this is the main
         thread, this thread will run the turns while its row is alone."""
@@ -208,6 +227,7 @@ class Engine:
     ) -> list[RequestHandle]:
         for req in reqs:
             validate(req, self.model)
+            self.adapters.check(req)
             if drafts(req) and (req.n > 1 or self.scheduler.draft_model is None):
                 raise ValueError("draft speculation needs the engine's draft model and n == 1")
             if (why := refusal(self.model, req)) is not None:
@@ -225,7 +245,13 @@ class Engine:
             for handle in handles:
                 handle.arrived = arrival.came_at
             arrival.release()
-        self.admission.push(list(zip(reqs, handles, strict=True)))
+        self.adapters.acquire(reqs, handles)  # counted until each row's DoneEvent is put
+        try:
+            self.admission.push(list(zip(reqs, handles, strict=True)))
+        except BaseException:
+            for handle in handles:
+                handle._ended()  # never queued: its adapter's count goes back
+            raise
         return handles
 
     @property

@@ -18,9 +18,37 @@ import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch, _right_pad_prompts
 
 from . import instrument as parts
+from .adapters import no_slots
 
 
-class KeptBuffersPromptBatch(PromptProcessingBatch):
+class SlottedPromptBatch(PromptProcessingBatch):
+    """mlx-lm's prompt processing with each row's adapter slot set around its chunks
+    (engine/adapters.py; by uid, in the batch's row order). Its copies keep the setter."""
+
+    adapter_rows = staticmethod(no_slots)
+
+    def prompt(self, tokens: list[list[int]]) -> None:
+        with self.adapter_rows(list(self.uids)):
+            self._prompt(tokens)
+
+    def _prompt(self, tokens: list[list[int]]) -> None:
+        super().prompt(tokens)
+
+    def generate(self, tokens: list[list[int]]) -> Any:
+        """mlx-lm's generate: the prompt's rest, then its GenerationBatch's first step."""
+        if any(len(t) > 1 for t in tokens):
+            self.prompt([t[:-1] for t in tokens])
+            tokens = [t[-1:] for t in tokens]
+        with self.adapter_rows(list(self.uids)):
+            return super().generate(tokens)
+
+    def _copy(self) -> "SlottedPromptBatch":
+        new = super()._copy()
+        new.adapter_rows = self.adapter_rows
+        return new
+
+
+class KeptBuffersPromptBatch(SlottedPromptBatch):
     """mlx-lm's prompt processing without the buffer-cache clears (same arrays)."""
 
     def generate(self, tokens: list[list[int]]) -> Any:
@@ -30,7 +58,7 @@ class KeptBuffersPromptBatch(PromptProcessingBatch):
             parts.stop("first_step", tic, getattr(out, "_next_tokens", None))
         return out
 
-    def prompt(self, tokens: list[list[int]]) -> None:
+    def _prompt(self, tokens: list[list[int]]) -> None:
         if len(self.uids) != len(tokens):
             raise ValueError("The batch length doesn't match the number of inputs")
         if not tokens:
@@ -86,10 +114,10 @@ class KeptBuffersPromptBatch(PromptProcessingBatch):
         mx.eval([c.state for c in self.prompt_cache])
 
 
-def keep_buffers(gen: Any) -> None:
+def keep_buffers(gen: Any, cls: type = KeptBuffersPromptBatch) -> None:
     """Give a fresh BatchGenerator this prompt batch (its split and copy keep the class)."""
     old = gen._prompt_batch
-    gen._prompt_batch = KeptBuffersPromptBatch.empty(
+    gen._prompt_batch = cls.empty(
         old.model, old.fallback_sampler, prefill_step_size=old.prefill_step_size
     )
 

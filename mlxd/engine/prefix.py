@@ -64,6 +64,8 @@ class PrefixSharing:
         scheme = f"kv{req.kv_bits}g{req.kv_group_size}s{req.quantized_kv_start}w{req.max_kv_size}"
         if req.kv_config is not None:
             scheme += f"|{req.kv_config.key}"
+        if req.adapter is not None and req.adapter_slots is not None:  # its name and content
+            scheme += f"|lora:{req.adapter_slots.key(req.adapter)}"
         return f"{self.base}|{scheme}"
 
     @staticmethod

@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 if TYPE_CHECKING:
+    from .adapters import EngineAdapters
     from .sampling import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
@@ -75,6 +76,9 @@ class GenerationRequest:
     # loop does beside its own); None: with the engine's tokenizer, if it has one.
     tokenizer: Any = None
     speculation: Speculation | None = None  # draft and verify several tokens a step
+    adapter: str | None = None  # the name of an adapter loaded in the engine; None: the base
+    # set by the engine at submit: its adapters, which each model call of this row sets first
+    adapter_slots: "EngineAdapters | None" = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -134,6 +138,8 @@ def _set_all(flags: list[asyncio.Event]) -> None:
 class RequestHandle:
     """Iterate for TokenEvents (blocking or `async for`); `done` holds the final DoneEvent."""
 
+    on_done: Callable[[], None] | None = None  # run once as the DoneEvent is put (adapters.py)
+
     def __init__(self) -> None:
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._cancel = threading.Event()
@@ -152,6 +158,8 @@ class RequestHandle:
 
     def put(self, event: Event) -> None:
         self._events.put(event)
+        if self.on_done is not None and isinstance(event, DoneEvent):
+            self._ended()
         if watchers := self._watching():
             wake(watchers)
 
@@ -159,7 +167,14 @@ class RequestHandle:
         """Queue `event` without waking anyone; the caller passes the result to `wake` (one
         wake-up per event loop for a whole batched step, not one per row)."""
         self._events.put(event)
+        if self.on_done is not None and isinstance(event, DoneEvent):
+            self._ended()
         return self._watching()
+
+    def _ended(self) -> None:
+        done, self.on_done = self.on_done, None
+        if done is not None:
+            done()
 
     def _watching(self) -> Watchers:
         if not self._watchers:  # a thread reader: no lock (an async reader re-checks the queue

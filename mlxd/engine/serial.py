@@ -16,6 +16,7 @@ from mlx_lm.utils import does_model_support_input_embeddings
 
 from ..kv.convert import converter
 from ..store.layers import clone
+from .adapters import row_slots
 from .output import Readout
 from .prefix import Plan
 from .request import GenerationRequest
@@ -130,9 +131,10 @@ class SerialRow:
 
     def _call(self, tokens: mx.array, emb: mx.array | None) -> mx.array:
         self.fed += tokens.shape[1]
-        if emb is not None:
-            return self.model(tokens, cache=self.cache, input_embeddings=emb)
-        return self.model(tokens, cache=self.cache)
+        with row_slots(self.req.adapter_slots, lambda: (self.req.adapter,)):
+            if emb is not None:
+                return self.model(tokens, cache=self.cache, input_embeddings=emb)
+            return self.model(tokens, cache=self.cache)
 
     def _step(self, tokens: mx.array, emb: mx.array | None = None) -> tuple[mx.array, mx.array]:
         with mx.stream(self.stream):

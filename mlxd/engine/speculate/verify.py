@@ -43,7 +43,8 @@ def verify(
         if any(kinds[i] and (kinds[i][1] or kinds[i][2]) for i in lazy):
             _fill(drafts, lazy)  # penalties and grammars read the drafts position by position
             lazy = None
-    logits = batch.model(x, cache=batch.prompt_cache)  # (B, K + 1, vocab)
+    with batch.adapter_rows(batch.uids):  # each row's adapter slot (engine/adapters.py)
+        logits = batch.model(x, cache=batch.prompt_cache)  # (B, K + 1, vocab)
     first = batch.process(x[:, 0], logits[:, 0, :], kinds)
     consumed = [0] * len(drafts)
     if width:
