@@ -312,6 +312,42 @@ class _Names(argparse.Action):
         setattr(namespace, self.dest, list(values))
 
 
+def lora_module(text: str) -> tuple[str, str]:
+    """One `--lora-modules` entry, vLLM's two forms: `NAME=PATH` or the JSON object
+    `{"name": ..., "path": ..., "base_model_name": ...}` (the base's name is not checked)."""
+    if text.lstrip().startswith("{"):
+        try:
+            entry = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"{text!r} is not a JSON object ({e})") from None
+        if not isinstance(entry, dict):
+            raise ValueError(f"{text!r} is not a JSON object")
+        name, path = entry.get("name"), entry.get("path")
+    else:
+        name, _, path = text.partition("=")
+    if not isinstance(name, str) or not isinstance(path, str) or not name.strip() or not path:
+        raise ValueError(f'{text!r} is not NAME=PATH or {{"name": ..., "path": ...}}')
+    if "\x00" in name + path or len(name) > 1024:
+        raise ValueError(f"{text!r}: the name is not a model name")
+    return name.strip(), path
+
+
+class _LoraModules(argparse.Action):
+    """`--lora-modules NAME=PATH [NAME=PATH ...]` (vLLM's flag), each entry checked."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("default", [])
+        super().__init__(option_strings, dest, nargs="+", metavar="NAME=PATH", **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        for v in values:
+            try:
+                lora_module(v)
+            except ValueError as e:
+                parser.error(f"{option}: {e}")
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest, []), *values])
+
+
 def _memory(text: str) -> str:
     """`--memory-budget`: bytes ("24GB") or a share of the machine's memory ("75%"), checked;
     kept as text (a share is resolved where the machine's memory is known)."""
@@ -403,6 +439,18 @@ class ServeConfig:
         help="answer 404 to a request naming a model the server does not serve; off: a "
         "bare name an agent tool sends (gpt-4o, claude-sonnet-4-5) means the served model, "
         "as /v1/messages takes any name (docs/http-api.md, model names)",
+    )  # fmt: skip
+    lora_modules: list[str] = flag([],
+        "--lora-modules", group=MODEL, action=_LoraModules,
+        help="LoRA adapters served beside the model (vLLM's flag): NAME=PATH or "
+        "'{\"name\": ..., \"path\": ...}' per adapter (mlx-lm or PEFT folders); a request's "
+        "model NAME runs its row with that adapter on the served model's engine, and "
+        "/v1/models lists each with `parent` (docs/http-api.md, LoRA adapters)",
+    )  # fmt: skip
+    max_loras: int = flag(8,
+        "--max-loras", group=MODEL, parse=int,
+        help="adapters resident at once (vLLM's flag); loading one more evicts the least "
+        "recently used one no row is using, and is refused (503) while every one is in use",
     )  # fmt: skip
     chat_template_args: dict[str, Any] = flag({},
         "--chat-template-args", group=MODEL, parse=json.loads, text="{}",
@@ -707,6 +755,20 @@ class ServeConfig:
         for name, ok in checks:
             if not ok:
                 raise ConfigError(f"{_flag(_field(name))}: {getattr(self, name)!r} is out of range")
+        if self.max_loras < 1:
+            raise ConfigError(f"--max-loras: must be 1 or more, not {self.max_loras}")
+        names = []
+        for entry in self.lora_modules:
+            try:
+                names.append(lora_module(entry)[0])
+            except ValueError as e:
+                raise ConfigError(f"--lora-modules: {e}") from None
+        if len(set(names)) < len(names):
+            raise ConfigError(f"--lora-modules: a name is given twice ({', '.join(names)})")
+        if len(names) > self.max_loras:
+            raise ConfigError(
+                f"--lora-modules gives {len(names)} adapters but --max-loras is {self.max_loras}"
+            )
         if self.memory_budget is not None:
             try:
                 _memory(self.memory_budget)

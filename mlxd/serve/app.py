@@ -53,6 +53,7 @@ def build_app(state: ServerState) -> FastAPI:
     from . import (  # they import ServerState
         anthropic_api,
         embeddings_api,
+        lora,
         metrics,
         openai_api,
         responses_api,
@@ -87,6 +88,7 @@ def build_app(state: ServerState) -> FastAPI:
     embeddings_api.add_routes(app)
     responses_api.add_routes(app, state)
     metrics.add_routes(app)
+    lora.add_routes(app)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> Response:
@@ -195,12 +197,18 @@ def _entry(served: Any, created: int) -> dict[str, Any]:
 
 
 def _listing(state: ServerState) -> list[dict[str, Any]]:
+    from .lora import model_entries
+
     now = int(state.started)
     seen, data = set(), []
     for served in state.provider.loaded():
         if served.name not in seen:
             seen.add(served.name)
             data.append(_entry(served, now))
+    for entry in model_entries(state, now):  # the LoRA adapters, with `parent`
+        if entry["id"] not in seen:
+            seen.add(entry["id"])
+            data.append(entry)
     for entry in _hf_cache_models():
         if entry["id"] not in seen:
             seen.add(entry["id"])

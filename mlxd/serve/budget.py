@@ -43,16 +43,19 @@ def parse_memory(text: str) -> int:
     return int(_parse_size(text))
 
 
-def kv_budget_from(config: ServeConfig, weight_bytes: int) -> int | None:
+def kv_budget_from(config: ServeConfig, weight_bytes: int, adapter_bytes: int = 0) -> int | None:
+    """`adapter_bytes`: the LoRA adapters loaded over the model (lora.py) count as weights."""
     budget = config.kv_budget
     if config.memory_budget is not None:
         total = parse_memory(config.memory_budget)
         headroom = max(total // 16, 256 << 20)
-        left = total - weight_bytes - headroom
+        left = total - weight_bytes - adapter_bytes - headroom
         if left <= 0:
+            adapters = f", the adapters {adapter_bytes}" if adapter_bytes else ""
             raise ModelLoadError(
                 f"--memory-budget {config.memory_budget} ({total} bytes) leaves no room for the "
-                f"KV cache: the weights take {weight_bytes} bytes and working memory {headroom}"
+                f"KV cache: the weights take {weight_bytes} bytes{adapters} and working memory "
+                f"{headroom}"
             )
         budget = left if budget is None else min(budget, left)
     return budget

@@ -30,6 +30,11 @@ def make_state(config: ServeConfig) -> ServerState:
         raise ModelLoadError("--num-draft-tokens must be at least 0")
     config = config.resolved()
     provider = ModelProvider(config)
+    try:
+        provider.loras.start(config.lora_modules)  # a bad one stops start-up, naming it
+    except BaseException:
+        provider.close()
+        raise
     why = spec_refusal(provider.default.model) if config.speculative != "off" else None
     if config.speculative == "draft" and why is None:
         why = draft_refusal(provider.default.draft)

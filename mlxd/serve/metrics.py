@@ -58,8 +58,12 @@ class EngineCollector:
             "Bytes one token of context adds to the full-attention KV layers, per KV scheme",
             labels=[*lab, "scheme"],
         )
+        loras = GaugeMetricFamily(
+            "mlxd_lora_adapters_loaded", "LoRA adapters resident in the engine", labels=lab
+        )
         provider = getattr(self.state, "provider", None)
         for served in provider.loaded() if provider is not None else []:
+            loras.add_metric([served.name], len(served.engine.adapter_names()))
             stats = served.engine.stats()
             name = [served.name]
             running.add_metric(name, stats["active"])
@@ -70,7 +74,7 @@ class EngineCollector:
             speed.add_metric(name, stats["tokens_per_s"])
             for scheme, n in stats["kv_bytes_per_token"].items():
                 per_token.add_metric([*name, scheme], n)
-        yield from (running, waiting, in_use, budget, speed, per_token)
+        yield from (running, waiting, in_use, budget, speed, per_token, loras)
 
 
 class StoreCollector:

@@ -8,7 +8,8 @@ A request's model name, one rule for every API: the served model's names (--serv
 the --model value, `default_model`) mean it; another name loads as above; a name that cannot
 load is a 404, except that a bare name (no path or repo shape: `gpt-4o`, the label an agent
 tool sends) means the served model unless --strict-model-names. Anthropic clients send only
-their own ids, so /v1/messages maps any such name to the served model (same flag).
+their own ids, so /v1/messages maps any such name to the served model (same flag). A LoRA
+adapter's name (--lora-modules, lora.py) means the served model with that adapter, first.
 
 --draft-model: the served model's engine drafts with it: mlx-lm's speculative decoding, one
 request at a time, or with `--speculative draft` in the batched step beside every other row; a
@@ -41,6 +42,7 @@ from ..model.fused_projections import stack_in_place
 from ..model.resolve import cached_repo, resolve_model
 from .budget import hold_to_budget, kv_budget_from, make_store
 from .errors import bad_request
+from .lora import Loras
 
 log = logging.getLogger("mlxd.serve")
 
@@ -60,6 +62,7 @@ class Served:
     weight_bytes: int
     draft_names: tuple[str, ...] = ()  # the names of its draft model (--draft-model), if any
     draft: Any = None  # that draft model
+    adapter: str | None = None  # the LoRA adapter its rows run with (lora.py), by name
 
     def draft_speculation(self, p: Any, config: Any) -> Speculation | None:
         """mlx_lm.server's `draft_model` field (`p.draft_model`, default "default_model"):
@@ -147,6 +150,7 @@ class ModelProvider:
         self._fell_back: set[str | None] = set()
         self._limit_before = hold_to_budget(config)  # once the budget is known to hold the weights
         self._others: collections.OrderedDict[tuple, Served] = collections.OrderedDict()
+        self.loras = Loras(self)  # --lora-modules and the runtime loads (lora.py)
 
     def _tokenizer_config(self) -> dict[str, Any]:
         c = self.config
@@ -229,6 +233,8 @@ class ModelProvider:
         adapter = None if adapter == self.config.adapter_path else adapter
         if adapter is None and self.serves(name):
             return d
+        if adapter is None and (lora := self.loras.route(name)) is not None:
+            return lora  # an adapter's name, before any model or the bare-name fallback
         try:
             return self._other(name, adapter)
         except ModelLoadError:

@@ -89,6 +89,7 @@ def build_request(
         logprob=p.logprobs,
         top_logprobs=max(p.top_logprobs, 0),
         snapshot_at=prompt.cuts,
+        adapter=served.adapter,  # a LoRA adapter's name as the request's model (lora.py)
         speculation=served.draft_speculation(p, config)
         or row_speculation(served, p, config, max_tokens),
     )
