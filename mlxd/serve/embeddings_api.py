@@ -122,6 +122,9 @@ async def embeddings(request: Request) -> JSONResponse:
     req = parse(body)
     state = request.app.state.mlxd
     served = await load_model(state, model_ref(body))
+    if served.adapter is not None:  # its forward here would be the base model's, unmarked
+        raise bad_request(f"embeddings do not run with LoRA adapter {served.adapter!r}; name the "
+                          "base model", "model")  # fmt: skip
 
     def run() -> tuple[list[list[float]], int]:
         ids = token_lists(served, req)

@@ -232,3 +232,10 @@ def test_metrics_count_resident_adapters(multi) -> None:
     text = httpx.get(multi.url + "/metrics", timeout=30).text
     line = next(x for x in text.splitlines() if x.startswith("mlxd_lora_adapters_loaded{"))
     assert line.endswith(" 2.0"), line
+
+
+def test_embeddings_refuse_an_adapter_name(multi) -> None:
+    """An embedding forward would be the base model's: a 400 rather than an unmarked answer."""
+    r = httpx.post(multi.url + "/v1/embeddings", json={"model": "a", "input": "hi"}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "model"
