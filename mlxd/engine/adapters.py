@@ -25,8 +25,6 @@ NOOP = nullcontext()
 def refusal(req: GenerationRequest) -> str | None:
     """Why a request naming an adapter cannot run with it (its path sets no slots), or None."""
     spec = req.speculation
-    if req.n > 1:
-        return "n > 1"
     if spec is not None and spec.mode in ("draft", "model") and spec.max_draft > 0:
         return "draft-model speculation"
     if req.kv_bits is not None or req.kv_config is not None:
@@ -128,6 +126,15 @@ class EngineAdapters:
                 if req.adapter is not None:
                     self._refs[req.adapter] += 1
                     handle.on_done = self._releaser(req.adapter)
+
+    def acquire_siblings(self, req: GenerationRequest, handles: Sequence[RequestHandle]) -> None:
+        """An `n` > 1 request's other rows, each counted until its own DoneEvent."""
+        if req.adapter is None:
+            return
+        with self._lock:
+            for handle in handles:
+                self._refs[req.adapter] = self._refs.get(req.adapter, 0) + 1
+                handle.on_done = self._releaser(req.adapter)
 
     def _releaser(self, name: str) -> Callable[[], None]:
         def release() -> None:

@@ -170,10 +170,13 @@ class Engine:
         handles = [RequestHandle() for _ in range(n)]
         groups = self.rows.groups
         groups[id(handles[0])] = handles[1:]  # before the engine can see the request
+        self.adapters.acquire_siblings(req, handles[1:])  # counted before any can end
         try:
             self._submit([req], handles[:1], arrival)
         except BaseException:
             groups.pop(id(handles[0]), None)
+            for h in handles[1:]:
+                h.run_on_done()  # their counts back
             raise
         return handles
 
@@ -250,7 +253,7 @@ class Engine:
             self.admission.push(list(zip(reqs, handles, strict=True)))
         except BaseException:
             for handle in handles:
-                handle._ended()  # never queued: its adapter's count goes back
+                handle.run_on_done()  # never queued: its adapter's count goes back
             raise
         return handles
 

@@ -159,7 +159,7 @@ class RequestHandle:
     def put(self, event: Event) -> None:
         self._events.put(event)
         if self.on_done is not None and isinstance(event, DoneEvent):
-            self._ended()
+            self.run_on_done()
         if watchers := self._watching():
             wake(watchers)
 
@@ -168,10 +168,10 @@ class RequestHandle:
         wake-up per event loop for a whole batched step, not one per row)."""
         self._events.put(event)
         if self.on_done is not None and isinstance(event, DoneEvent):
-            self._ended()
+            self.run_on_done()
         return self._watching()
 
-    def _ended(self) -> None:
+    def run_on_done(self) -> None:
         done, self.on_done = self.on_done, None
         if done is not None:
             done()

@@ -134,8 +134,6 @@ def test_registry_refusals_and_reload(tiny) -> None:
         for kw in ({"kv_bits": 4}, {"speculation": Speculation(mode="model")}):
             with pytest.raises(ValueError, match="not supported with adapters"):
                 e.submit(GenerationRequest(mx.array(PROMPTS[0]), adapter="a", **kw))
-        with pytest.raises(ValueError, match="not supported with adapters"):
-            e.submit_n(GenerationRequest(mx.array(PROMPTS[0]), adapter="a"), 2)
         with pytest.raises(KeyError):
             e.unload_adapter("zzz")
         first = run(e, ["a"], PROMPTS[:1])[0]
@@ -150,6 +148,25 @@ def test_registry_refusals_and_reload(tiny) -> None:
         assert run(e, ["b", None], PROMPTS[:2])  # the other adapter and the base still run
         e.load_adapter("a", adapters["a"])
         assert same_bits(run(e, ["a"], PROMPTS[:1])[0], first)
+    finally:
+        e.close()
+
+
+def test_n_rows_of_one_prompt_each_run_the_adapter(tiny) -> None:
+    """n > 1: the prompt prefilled once with the adapter, each sibling decoding with it (greedy:
+    every sibling's tokens are the lone row's); the adapter is in use until the last ends."""
+    folder, adapters = tiny("llama")
+    e = engine(folder, adapters)
+    try:
+        alone = run(e, ["a"], PROMPTS[:1])[0]
+        handles = e.submit_n(GenerationRequest(mx.array(PROMPTS[0]), max_tokens=TOKENS,
+                                               adapter="a"), 3)  # fmt: skip
+        with pytest.raises(ValueError, match="in use"):
+            e.unload_adapter("a")
+        got = [[ev.token for ev in h] for h in handles]
+        assert got == [alone[0]] * 3
+        assert got[0] != run(e, [None], PROMPTS[:1])[0][0]  # not the base model's
+        e.unload_adapter("a")  # every sibling has ended
     finally:
         e.close()
 

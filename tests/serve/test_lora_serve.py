@@ -239,3 +239,11 @@ def test_embeddings_refuse_an_adapter_name(multi) -> None:
     r = httpx.post(multi.url + "/v1/embeddings", json={"model": "a", "input": "hi"}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "model"
+
+
+def test_n_choices_each_run_the_adapter(multi) -> None:
+    body = {"model": "a", "messages": MESSAGES, "max_tokens": TOKENS, "temperature": 0.0, "n": 2}
+    r = httpx.post(multi.v1 + "/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    texts = [c["message"]["content"] for c in r.json()["choices"]]
+    assert texts == [chat(multi, "a")[2]] * 2
