@@ -57,14 +57,17 @@ def single_run(
     gen: int,
     step: int,
     kv: dict[str, Any] | None = None,
+    model: Any = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One stream_generate call, timed at the consumer like a user would time it. `kv`: the
-    KV scheme flags (kv_bits, kv_group_size, quantized_kv_start), the same on both sides."""
+    KV scheme flags (kv_bits, kv_group_size, quantized_kv_start), the same on both sides;
+    `model` / `extra`: this side's own model object and arguments (an adapter's)."""
     _fresh()
     stamps, tokens = [], []
     t0 = time.perf_counter()
-    kw = dict(max_tokens=gen, prefill_step_size=step, **(kv or {}))
-    for r in stream_fn(bm.model, bm.tokenizer, prompt, **kw):
+    kw = dict(max_tokens=gen, prefill_step_size=step, **(kv or {}), **(extra or {}))
+    for r in stream_fn(model if model is not None else bm.model, bm.tokenizer, prompt, **kw):
         stamps.append(time.perf_counter())
         tokens.append(int(r.token))
     peak = mx.get_peak_memory()
@@ -110,10 +113,19 @@ def bench_single(bm: BenchModel, args: Any) -> dict[str, Any]:
     prompt = mx.array(random_prompts(bm.vocab_size, 1, args.prompt_tokens, args.seed)[0])
     sides = {"mlx_lm": mlx_lm_stream_generate, "mlxd": mlxd_stream_generate}
     kv = kv_flags(args)
+    own = with_adapter(bm, args.adapter_path)
 
     def pair(order: tuple[str, str]) -> dict[str, dict[str, Any]]:
         runs = {
-            s: single_run(sides[s], bm, prompt, args.gen_tokens, args.prefill_step_size, kv)
+            s: single_run(
+                sides[s],
+                bm,
+                prompt,
+                args.gen_tokens,
+                args.prefill_step_size,
+                kv,
+                *own.get(s, (None, None)),
+            )  # fmt: skip
             for s in order
         }
         return {"order": list(order), **runs}
@@ -122,6 +134,24 @@ def bench_single(bm: BenchModel, args: Any) -> dict[str, Any]:
     # The paths mlxd's requests took (a lone stream on the main thread is "driven": driver.py).
     paths = engine_for(bm.model).stats()["paths"]
     return out | {"summary": summarize(out["rounds"], SINGLE_METRICS), "engine_paths": paths}
+
+
+def with_adapter(bm: BenchModel, path: str | None) -> dict[str, tuple[Any, dict[str, Any]]]:
+    """Each side's (model, extra arguments) with the adapter at `path`: mlx-lm's side a copy
+    of the model with mlx-lm's LoRA layers (load_adapters); mlxd's the base model, the adapter
+    loaded into its engine and named by the request (what --lora-modules serves)."""
+    if path is None:
+        return {}
+    import copy
+
+    from mlx_lm.tuner.utils import load_adapters
+
+    ref = load_adapters(copy.deepcopy(bm.model), path)
+    ref.eval()
+    engine = engine_for(bm.model)
+    if "bench" not in engine.adapter_names():
+        engine.load_adapter("bench", path)
+    return {"mlx_lm": (ref, {}), "mlxd": (bm.model, {"adapter": "bench"})}
 
 
 def bench_concurrent(bm: BenchModel, args: Any) -> dict[str, Any]:

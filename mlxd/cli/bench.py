@@ -67,6 +67,11 @@ def _workload_group(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     g.add_argument("--kv-group-size", type=int, default=64, help="with --kv-bits (64)")
     g.add_argument(
+        "--adapter-path", default=None,
+        help="single stream: a LoRA adapter, applied by mlx-lm's load_adapters on its side and "
+        "loaded into mlxd's engine (a request naming it, as --lora-modules serves it) on mlxd's",
+    )  # fmt: skip
+    g.add_argument(
         "--quantized-kv-start", type=int, default=0,
         help="with --kv-bits: quantize from this many tokens on (0: from the prompt)",
     )  # fmt: skip

@@ -130,3 +130,22 @@ def test_pooled_steps_pool_every_round_per_side() -> None:
     pooled = pooled_steps(rounds)
     assert pooled["mlx_lm"] == {"p10": 10, "p25": 10, "p50": 10}
     assert pooled["mlxd"] == {"p10": 5, "p25": 5, "p50": 15}
+
+
+def test_bench_generate_with_an_adapter(tmp_path: Path, tiny_model) -> None:
+    """--adapter-path: mlx-lm's side through its LoRA layers, mlxd's through its engine's
+    adapter slots; the same tokens, and not the base model's."""
+    from fixtures.adapters import tiny_adapter_dir
+
+    folder = tiny_model("qwen3")
+    adapter = tiny_adapter_dir(folder, "lora", seed=1)
+    argv = ["bench", "generate", "--model", str(folder), "--rounds", "1", "--warmup", "0"]
+    argv += ["--prompt-tokens", "12", "--gen-tokens", "6"]
+    tokens = {}
+    for name, extra in (("base", []), ("adapter", ["--adapter-path", str(adapter)])):
+        out = tmp_path / f"{name}.json"
+        main([*argv, *extra, "--json", str(out)])
+        rec = json.loads(out.read_text())["single"]["rounds"][0]
+        assert rec["mlx_lm"]["tokens"] == rec["mlxd"]["tokens"]
+        tokens[name] = rec["mlxd"]["tokens"]
+    assert tokens["adapter"] != tokens["base"]
