@@ -235,7 +235,7 @@ class Engine:
                 raise ValueError("draft speculation needs the engine's draft model and n == 1")
             if (why := refusal(self.model, req)) is not None:
                 raise ValueError(why)
-            if model_drafts(req) and (why := draft_refusal(self.scheduler.draft_model)):
+            if model_drafts(req) and (why := draft_refusal(self.scheduler.draft_model, self.model)):
                 raise ValueError(f"batched draft-model speculation: {why}")
             if drafts_in_batch(req) and (why := batchable(req, self.config)) is not None:
                 raise ValueError(f"speculative decoding runs in the batched step, and {why}")

@@ -37,7 +37,7 @@ def make_state(config: ServeConfig) -> ServerState:
         raise
     why = spec_refusal(provider.default.model) if config.speculative != "off" else None
     if config.speculative == "draft" and why is None:
-        why = draft_refusal(provider.default.draft)
+        why = draft_refusal(provider.default.draft, provider.default.model)
     if why is not None:
         provider.close()
         raise ModelLoadError(f"--speculative {config.speculative}: {why}")

@@ -151,3 +151,14 @@ def test_a_sliding_window_draft_is_refused_with_the_reason(tiny_model) -> None:
             engine.submit(_req(tok.encode("hi"), 4, _model_spec()))
     finally:
         engine.close()
+
+
+def test_a_draft_with_a_larger_vocabulary_is_refused(tiny_model) -> None:
+    """Its greedy ids could fall outside the model's embedding."""
+    from mlxd.engine.speculate.draft_model import draft_refusal
+
+    model, _ = _load(tiny_model, "llama")
+    draft, _ = _load(tiny_model, "llama")
+    assert draft_refusal(draft, model) is None
+    draft.args.vocab_size = model.args.vocab_size + 64
+    assert "vocabulary" in (draft_refusal(draft, model) or "")

@@ -22,16 +22,29 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 PREFILL_STEP = 512  # a new row's history goes through the draft in chunks this long
 
 
-def draft_refusal(draft_model: Any) -> str | None:
-    """Why `draft_model` cannot draft in the batched step (None: it can): its caches must be
-    plain (sliding windows and recurrent state cannot take a ragged roll-back here)."""
+def draft_refusal(draft_model: Any, model: Any = None) -> str | None:
+    """Why `draft_model` cannot draft for `model` in the batched step (None: it can): its
+    caches must be plain (sliding windows and recurrent state cannot take a ragged roll-back
+    here), and its token ids must be the model's (a larger vocabulary could draft ids the
+    model's embedding does not have)."""
     if draft_model is None:
         return "no draft model is loaded (--draft-model)"
     kinds = sorted({type(c).__name__ for c in make_prompt_cache(draft_model)
                     if type(c) is not KVCache})  # fmt: skip
     if kinds:
         return f"the draft model has {', '.join(kinds)} layers; batched drafting needs plain KV"
+    ours, theirs = _vocab(draft_model), _vocab(model) if model is not None else None
+    if ours is not None and theirs is not None and ours > theirs:
+        return f"the draft model's vocabulary ({ours}) is larger than the model's ({theirs})"
     return None
+
+
+def _vocab(model: Any) -> int | None:
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None) or getattr(
+        getattr(args, "text_config", None), "vocab_size", None
+    )
+    return size if isinstance(size, int) else None
 
 
 class ModelDrafts:
