@@ -52,7 +52,9 @@ def has_acceptance(result: dict[str, Any]) -> bool:
 
 def same_replies(result: dict[str, Any]) -> dict[str, str]:
     """Per mlxd variant: how many of its replies equal plain mlxd's reply to the same request
-    (N, round, agent, turn) byte for byte, e.g. "16 of 16": reported, not required."""
+    (N, round, agent, turn) byte for byte, e.g. "16 of 16": reported, not required. With
+    --adapters mlx_lm.server's too (the same adapter per agent), and the base side's count
+    tells how many replies the adapters left as they were."""
 
     def replies(data: dict[str, Any]) -> dict[tuple, str]:
         return {
@@ -67,9 +69,10 @@ def same_replies(result: dict[str, Any]) -> dict[str, str]:
     if "mlxd" not in sides:
         return {}
     base = replies(sides["mlxd"])
+    with_adapters = bool(result.get("args", {}).get("adapters"))
     out = {}
     for side, data in sides.items():
-        if side.startswith("mlxd-"):
+        if side.startswith("mlxd-") or (side == "mlx_lm" and with_adapters):
             mine = replies(data)
             both = [k for k in mine if k in base]
             out[side] = f"{sum(mine[k] == base[k] for k in both)} of {len(both)}"

@@ -133,6 +133,7 @@ async def stream_chat(client: httpx.AsyncClient, body: dict[str, Any]) -> dict[s
 
 async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], t0: float) -> dict[str, Any]:
     rec: dict[str, Any] = {"ttft_s": None, "chunk_s": [], "error": None, "finish_reason": None}
+    rec["model"] = None  # as the server names it: an adapter's name where one answered
     rec["retryable"] = False
     usage: dict[str, Any] = {}
     text: list[str] = []
@@ -150,6 +151,7 @@ async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], t0: float) -
                 if isinstance(err := msg.get("error"), dict):  # a row failed mid-stream
                     raise RuntimeError(f"error frame: {err.get('message')}")
                 usage = msg.get("usage") or usage
+                rec["model"] = msg.get("model") or rec["model"]
                 for ch in msg.get("choices") or []:
                     d = ch.get("delta") or {}
                     if d.get("content") or d.get("reasoning") or d.get("tool_calls"):
@@ -168,8 +170,11 @@ async def _attempt(client: httpx.AsyncClient, body: dict[str, Any], t0: float) -
     return rec
 
 
-async def agent(client: httpx.AsyncClient, wl: Workload, i: int, t0: float) -> list[dict]:
-    """Agent i's T turns: its history grows by the reply and a new user message each turn."""
+async def agent(
+    client: httpx.AsyncClient, wl: Workload, i: int, t0: float, fields: dict[str, Any] | None = None
+) -> list[dict]:
+    """Agent i's T turns: its history grows by the reply and a new user message each turn;
+    `fields` join every request's body (e.g. the agent's adapter, lora.py)."""
     messages = [{"role": "system", "content": wl.system}, {"role": "user", "content": wl.tasks[i]}]
     out = []
     for turn in range(wl.turns):
@@ -177,7 +182,7 @@ async def agent(client: httpx.AsyncClient, wl: Workload, i: int, t0: float) -> l
             messages.append({"role": "user", "content": wl.followups[i][turn - 1]})
         sent = time.perf_counter() - t0
         want = wl.tokens(i, turn)
-        rec = await stream_chat(client, wl.body(messages, want))
+        rec = await stream_chat(client, wl.body(messages, want) | (fields or {}))
         text = rec.pop("text")
         out.append({"agent": i, "turn": turn, "sent_s": sent, "requested_tokens": want, **rec})
         out[-1]["reply_chars"] = len(text)
@@ -191,13 +196,19 @@ async def agent(client: httpx.AsyncClient, wl: Workload, i: int, t0: float) -> l
     return out
 
 
-async def run_fleet(url: str, wl: Workload, timeout_s: float) -> tuple[list[dict], float]:
-    """All agents at once; returns every request's record and the wall time of the whole run."""
+async def run_fleet(
+    url: str, wl: Workload, timeout_s: float, fields: list[dict[str, Any]] | None = None
+) -> tuple[list[dict], float]:
+    """All agents at once (agent i's requests with `fields[i]`); returns every request's record
+    and the wall time of the whole run."""
     limits = httpx.Limits(max_connections=wl.agents + 4, max_keepalive_connections=wl.agents + 4)
     timeout = httpx.Timeout(timeout_s, connect=60.0)
     async with httpx.AsyncClient(base_url=url, timeout=timeout, limits=limits) as client:
         t0 = time.perf_counter()
-        per_agent = await asyncio.gather(*(agent(client, wl, i, t0) for i in range(wl.agents)))
+        extra = fields or [{} for _ in range(wl.agents)]
+        per_agent = await asyncio.gather(
+            *(agent(client, wl, i, t0, extra[i]) for i in range(wl.agents))
+        )
         wall = time.perf_counter() - t0
     return [r for recs in per_agent for r in recs], wall
 

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from .accept import ACCEPT_METRICS, has_acceptance
+from .lora import adapters_line
 from .variants import label, ratio_pairs
 
 # (key in a run's figures, column label, better direction, digits)
@@ -40,6 +41,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"CPUs; mlx {env['mlx']}, mlx-lm {env['mlx_lm']}, mlxd {env['mlxd']}",
         _workload_line(result) + f"; {a['rounds']} round(s) per N "
         "(median [min-max]); caps: " + ", ".join(_caps(result, s) for s in sides),
+        *adapters_line(a.get("adapters")),
         *_variant_lines(result),
         "",
     ]
@@ -82,8 +84,9 @@ def _workload_line(result: dict[str, Any]) -> str:
 def _variant_lines(result: dict[str, Any]) -> list[str]:
     """Each variant's flags, and whether its greedy replies were mlxd's to the byte."""
     same = result.get("same_replies", {})
-    return [
-        f"{label(side)}: mlxd {' '.join(map(str, data.get('flags', [])))}"
+    peer = [f"mlx-lm: replies identical to mlxd's: {same['mlx_lm']}"] if "mlx_lm" in same else []
+    return peer + [
+        f"{label(side)}: {' '.join(['mlxd', *map(str, data.get('flags', []))])}"
         + (f"; replies identical to mlxd's: {same[side]}" if side in same else "")
         for side, data in result["sides"].items()
         if side.startswith("mlxd-")

@@ -66,6 +66,10 @@ def bench_command(args: Any, model: Path) -> str:
         parts += [f"--cache-limit-gb {cap:g}"]
     for flag, value in (("--mlxd-args", args.mlxd_args), ("--mlx-lm-args", args.mlx_lm_args)):
         parts += [f"{flag} {shlex.quote(value)}"] if value else []
+    if k := getattr(args, "make_adapters", None):
+        parts += [f"--make-adapters {k}"]
+    elif paths := getattr(args, "adapters", None):
+        parts += [f"--adapters {shlex.quote(','.join(paths))}"]
     for name, flags in getattr(args, "mlxd_variant", None) or []:
         parts += [f"--mlxd-variant {shlex.quote(f'{name}={flags}')}"]
     return " ".join(parts)
@@ -159,9 +163,13 @@ def run_serve(args: Any) -> int:
     tok, eos = load_tokenizer(model)
     banned = banned_tokens(model, eos)
     wls = build_workloads(args, tok, banned)
-    sides = run_sides(args)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mlxd-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
+    if k := getattr(args, "make_adapters", None):  # kept with the logs, which name them
+        from .random_adapters import make_adapters
+
+        args.adapters = make_adapters(model, k, log_dir / "adapters")
+    sides = run_sides(args)
     result: dict[str, Any] = {
         "command": bench_command(args, model),
         "env": environment(),

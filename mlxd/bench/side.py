@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .fleet import Workload, aggregate, run_fleet
+from .lora import agent_fields
 from .servers import RSSSampler, Server, command, free_port, lifetime_peak_rss_bytes
 from .variants import kind, label, server_flags
 
@@ -41,6 +42,7 @@ class ServedSide:
     def __init__(self, side: str, plan: Plan) -> None:
         args, model, log_dir = plan.args, plan.model, plan.log_dir
         self.side, self.args, self.wls, self.bound = side, args, plan.wls, plan.bound
+        self.model = model
         extra = server_flags(args, side)
         cap = args.batch if kind(side) == "mlxd" else mlx_lm_cap(extra)
         cap_gb = getattr(args, "cache_limit_gb", None)
@@ -62,7 +64,8 @@ class ServedSide:
             self.sampler.start()
             self.out["idle_rss_gb"] = self.sampler.current / 1e9
             if (w := self.wls.get(("warmup", 0))) is not None:  # untimed: JIT kernels, cuDNN
-                self.out["warmup"] = run_one(self.srv, self.sampler, w, -1)["figures"]
+                fields = agent_fields(self.args, self.side, self.model, w.agents)
+                self.out["warmup"] = run_one(self.srv, self.sampler, w, -1, fields)["figures"]
         except BaseException:
             self.__exit__(*sys.exc_info())
             raise
@@ -79,7 +82,8 @@ class ServedSide:
             if ok and "engine" in b:
                 got += f" (mlxd's engine alone {b['engine']['itl_p50_ms']:.2f} ms)"
             print(f"[generate_step] before round {r}: {got}", file=sys.stderr, flush=True)
-        run = run_one(self.srv, self.sampler, self.wls[n, r], r)
+        fields = agent_fields(self.args, self.side, self.model, n)
+        run = run_one(self.srv, self.sampler, self.wls[n, r], r, fields)
         self.out["runs"].setdefault(str(n), []).append(run)
 
     def __exit__(self, *exc: Any) -> None:
@@ -92,10 +96,12 @@ class ServedSide:
             self.srv.__exit__(*exc)
 
 
-def run_one(srv: Server, sampler: RSSSampler, wl: Workload, r: int) -> dict[str, Any]:
+def run_one(
+    srv: Server, sampler: RSSSampler, wl: Workload, r: int, fields: list[dict] | None = None
+) -> dict[str, Any]:
     sampler.reset()
     before = srv.metrics()
-    records, wall = asyncio.run(run_fleet(srv.url, wl, timeout_s=3600.0))
+    records, wall = asyncio.run(run_fleet(srv.url, wl, 3600.0, fields))
     fig = aggregate(records, wall, wl.max_tokens) | {"peak_rss_gb": sampler.peak / 1e9}
     after = srv.metrics()
     waits = engine_waits(before, after)

@@ -1,11 +1,13 @@
 """The servers one `mlxd bench serve` run compares ("sides"): mlx_lm.server, mlxd, and mlxd
 variants, each an mlxd server with extra flags of its own (`--mlxd-variant NAME=FLAGS`, e.g.
-spec="--speculative ngram"), as side "mlxd-NAME"."""
+spec="--speculative ngram"), as side "mlxd-NAME"; with --adapters, "mlxd-base" (lora.py)."""
 
 import argparse
 import re
 import shlex
 from typing import Any
+
+from .lora import BASE_SIDE, lora_flags
 
 SIDES = ("mlx_lm", "mlxd")
 LABEL = {"mlx_lm": "mlx-lm", "mlxd": "mlxd"}
@@ -36,8 +38,11 @@ def parse_variant(text: str) -> tuple[str, str]:
 
 
 def variant_sides(args: Any) -> dict[str, str]:
-    """Each `--mlxd-variant NAME=FLAGS` as its side "mlxd-NAME" and its extra flags."""
-    return {f"mlxd-{name}": flags for name, flags in getattr(args, "mlxd_variant", None) or []}
+    """Each `--mlxd-variant NAME=FLAGS` as its side "mlxd-NAME" and its extra flags; first,
+    with --adapters, the base side (no flags of its own, no adapter)."""
+    base = {BASE_SIDE: ""} if getattr(args, "adapters", None) else {}
+    named = getattr(args, "mlxd_variant", None) or []
+    return base | {f"mlxd-{name}": flags for name, flags in named}
 
 
 def run_sides(args: Any) -> list[str]:
@@ -49,14 +54,18 @@ def run_sides(args: Any) -> list[str]:
 
 
 def server_flags(args: Any, side: str) -> list[str]:
-    """A side's extra server flags: a variant's come after --mlxd-args, so that they win."""
+    """A side's extra server flags: the adapters' first, a variant's after --mlxd-args, so
+    that the later win."""
     if kind(side) == "mlx_lm":
         return shlex.split(args.mlx_lm_args)
-    return shlex.split(args.mlxd_args) + shlex.split(variant_sides(args).get(side, ""))
+    mine = shlex.split(variant_sides(args).get(side, ""))
+    return lora_flags(args, side) + shlex.split(args.mlxd_args) + mine
 
 
 def ratio_pairs(sides: list[str]) -> list[tuple[str, str]]:
     """The (numerator, denominator) sides compared: mlxd over mlx-lm, and each mlxd variant
-    over mlx-lm and over plain mlxd, where both ran."""
-    want = [("mlxd", "mlx_lm")] + [(v, b) for v in sides if v.startswith("mlxd-") for b in SIDES]
+    over mlx-lm and over plain mlxd, where both ran; plain mlxd (with adapters) over the base
+    side (without)."""
+    variants = [v for v in sides if v.startswith("mlxd-") and v != BASE_SIDE]
+    want = [("mlxd", "mlx_lm"), ("mlxd", BASE_SIDE)] + [(v, b) for v in variants for b in SIDES]
     return [(a, b) for a, b in want if a in sides and b in sides]

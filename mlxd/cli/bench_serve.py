@@ -4,6 +4,7 @@ mlx_lm.server (mlxd/bench/serve.py runs it)."""
 import argparse
 import sys
 
+from ..bench.lora import parse_adapters
 from ..bench.variants import parse_variant
 from .optional import require
 
@@ -87,6 +88,18 @@ def add_serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentPa
         "speculation's acceptance rate and accepted tokens per request",
     )  # fmt: skip
     v.add_argument(
+        "--adapters", type=parse_adapters, default=None, metavar="PATH[,PATH...]",
+        help="LoRA adapter folders: agent i uses adapter i %% K, mlxd serving them all "
+        "(--lora-modules lora0=PATH0 ..., a request's model naming one), mlx_lm.server with "
+        "its per-request `adapters` path (it reloads the model at each switch); side mlxd-base "
+        "runs the same agents without an adapter, for mlxd/mlxd-base",
+    )  # fmt: skip
+    v.add_argument(
+        "--make-adapters", type=int, default=None, metavar="K",
+        help="as --adapters, with K random LoRA adapters made for --model (mlx-lm's format, "
+        "written beside the server logs)",
+    )  # fmt: skip
+    v.add_argument(
         "--only", choices=("mlxd", "mlx-lm"), default=None,
         help="run one server: mlxd (with its variants) or mlx-lm",
     )  # fmt: skip
@@ -126,6 +139,12 @@ def run_serve_cmd(args: argparse.Namespace) -> None:
     names = [name for name, _ in args.mlxd_variant or []]
     if len(set(names)) < len(names):
         sys.exit(f"mlxd bench serve: --mlxd-variant names repeat: {names}")
+    if args.adapters and args.make_adapters is not None:
+        sys.exit("mlxd bench serve: --adapters and --make-adapters do not combine")
+    if args.make_adapters is not None and args.make_adapters < 1:
+        sys.exit("mlxd bench serve: --make-adapters must be >= 1")
+    if (args.adapters or args.make_adapters) and "base" in names:
+        sys.exit("mlxd bench serve: --mlxd-variant base: the name of the adapters' base side")
     if args.turns < 1 or args.max_tokens < 1 or args.system_tokens < 1 or args.rounds < 1:
         sys.exit("mlxd bench serve: --turns, --max-tokens, --system-tokens, --rounds must be >= 1")
     if args.min_tokens is not None and not 1 <= args.min_tokens <= args.max_tokens:
