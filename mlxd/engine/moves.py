@@ -59,9 +59,16 @@ def drain_keeps_bits(attention: str) -> bool:
     return is_folded(attention) or not mx.cuda.is_available()
 
 
+def drafting_gave_up(batch: BatchedRows) -> bool:
+    """The batch's rows draft, and its gate has not found drafting worth a step for a while."""
+    drafting = batch.decode.drafting
+    return drafting is not None and drafting.gave_up()
+
+
 def last_row_out(batch: BatchedRows, model: Any, keys: KeyOwner) -> Serial | None:
-    """The batch's only row back on plain serial caches, or None if it cannot leave yet."""
-    if any(drafts_in_batch(r.req) for r in batch.rows.values()):
+    """The batch's only row back on plain serial caches, or None if it cannot leave yet. A
+    drafting row leaves only once drafting stopped paying (the serial step does not draft)."""
+    if any(drafts_in_batch(r.req) for r in batch.rows.values()) and not drafting_gave_up(batch):
         return None  # it drafts in the batched step, alone or not
     lone = batch.lone_row()
     if lone is None:

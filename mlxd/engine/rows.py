@@ -19,7 +19,15 @@ from ..model.plain_rows import PlainRowsTwin
 from ..store.layers import clone
 from .batch import BatchedRows, evaluates_after_step
 from .draft_row import DraftRow
-from .moves import ForkJob, Serial, crossing, last_row_out, quantizes, serial_into_batch
+from .moves import (
+    ForkJob,
+    Serial,
+    crossing,
+    drafting_gave_up,
+    last_row_out,
+    quantizes,
+    serial_into_batch,
+)
 from .overlap import StepPhases
 from .prefix import PrefixSharing
 from .request import DoneEvent, GenerationRequest, RequestHandle, TokenEvent, wake
@@ -253,7 +261,9 @@ class Rows:
             if not len(batch):
                 self._close(fmt, batch)
         lone = [b for b in self.batches.values() if len(b)]
-        if self.drain_to_serial and not waiting and not self.forks:
+        # a drafting row whose drafts stopped paying leaves too: its bits were the batch's
+        drain = self.drain_to_serial or (len(lone) == 1 and drafting_gave_up(lone[0]))
+        if drain and not waiting and not self.forks:
             if self.serial is None and len(lone) == 1 and len(lone[0]) == 1:
                 if (serial := last_row_out(lone[0], self.step_model(), self.keys)) is not None:
                     serial[0].clears = self.config.clear_cache

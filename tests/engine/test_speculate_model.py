@@ -162,3 +162,29 @@ def test_a_draft_with_a_larger_vocabulary_is_refused(tiny_model) -> None:
     assert draft_refusal(draft, model) is None
     draft.args.vocab_size = model.args.vocab_size + 64
     assert "vocabulary" in (draft_refusal(draft, model) or "")
+
+
+@pytest.mark.parametrize("drains", [True, False], ids=["cpu-drain", "cuda-no-drain"])
+def test_a_lone_row_whose_drafts_do_not_pay_takes_the_serial_step(tiny_model, monkeypatch, drains):
+    """Priced out (a verify step costs eight plain ones), the lone drafting row stops
+    drafting, and after GIVE_UP plain steps leaves its batch for the serial step: the same
+    greedy tokens as without speculation. Also where a plain batch's last row stays batched
+    (MLX-CUDA keeps mlx-lm's bits that way: moves.drain_keeps_bits)."""
+    from mlxd.engine import engine as engine_module
+    from mlxd.engine.speculate import drafting
+    from mlxd.engine.speculate.gate import StepCosts
+
+    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, width: 8.0)
+    monkeypatch.setattr(engine_module, "drain_keeps_bits", lambda attention: drains)
+    model, tok = _load(tiny_model, "llama")
+    draft, _ = _load(tiny_model, "llama")
+    prompt = tok.encode(TEXTS[1])
+    n = drafting.GIVE_UP + 20
+    ((want, _, _),) = _run(model, [_req(prompt, n)])
+    engine = Engine(model, draft_model=draft)
+    try:
+        h = engine.submit(_req(prompt, n, _model_spec()))
+        assert [e.token for e in h] == want
+        assert engine.paths["batched->serial"] == 1
+    finally:
+        engine.close()

@@ -38,6 +38,7 @@ ROW_LAYERS = (KVCache, RotatingKVCache)  # the row caches those batch layers com
 TAIL = BACK + max(SIZES) + 1  # the tokens a lookup reads
 MODES = ("ngram", "prediction", "model")  # the modes that draft in the batched step
 FORGET = 0.97  # a draft-model row's acceptance drifts back to its prior each step it waits
+GIVE_UP = 32  # plain steps in a row with draft-model rows: a lone one may leave for serial
 
 
 def drafts_in_batch(req: Any) -> bool:
@@ -113,6 +114,7 @@ class Drafting:
         self.known: dict[int, int] = {}  # pending tokens a verify step left on the host
         self.plain: set[int] = set()  # rows that never draft
         self._uids: tuple[int, ...] = ()  # the rows of the last step
+        self.plain_streak = 0  # steps since the gate last chose to verify (drafting rows there)
 
     def next(self, batch: Any, plain: Callable[[], list[Any]], kinds: list[tuple]) -> list[Any]:
         """One step of `batch`: plain (`plain()`, GenerationBatch.next) or a verify step."""
@@ -141,7 +143,9 @@ class Drafting:
         if width:
             responses = self._verify(batch, eligible, width, kinds)
             if responses is not None:
+                self.plain_streak = 0
                 return responses
+        self.plain_streak += 1 if eligible else 0
         self.costs.start(rows, 0)
         for _, d in eligible:
             if d.spec.mode == "model":
@@ -253,6 +257,13 @@ class Drafting:
         for r in responses:
             if (d := self.rows.get(r.uid)) is not None:
                 d.emit(r.token)
+
+    def gave_up(self) -> bool:
+        """A draft model has not paid for GIVE_UP steps: the batch's lone row may take the
+        serial step (no drafting there; it drafts again if it rejoins a batch). Not for lookup
+        or a prediction: an edit's output leaves the copied text and comes back to it."""
+        modes = {d.spec.mode for d in self.rows.values()}
+        return self.plain_streak >= GIVE_UP and modes == {"model"}
 
     def stats(self, uid: int) -> tuple[int, int]:
         """(drafted, accepted) tokens of a row so far."""
