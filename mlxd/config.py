@@ -312,6 +312,29 @@ class _Names(argparse.Action):
         setattr(namespace, self.dest, list(values))
 
 
+class _Model(argparse.Action):
+    """`--model`: the first is the default model, a repeat adds to --models."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        if getattr(namespace, self.dest, None) is None:
+            setattr(namespace, self.dest, values)
+        else:
+            namespace.models = [*(getattr(namespace, "models", None) or []), values]
+
+
+class _Models(argparse.Action):
+    """`--models NAME [NAME ...]` or `--models auto`, added to any repeated --model."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("default", [])
+        super().__init__(option_strings, dest, nargs="+", metavar="NAME", **kwargs)
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        if any(not v or "\x00" in v for v in values):
+            parser.error(f"{option}: a name is non-empty text")
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), *values])
+
+
 def lora_module(text: str) -> tuple[str, str]:
     """One `--lora-modules` entry, vLLM's two forms: `NAME=PATH` or the JSON object
     `{"name": ..., "path": ..., "base_model_name": ...}` (the base's name is not checked)."""
@@ -391,9 +414,27 @@ class ServeConfig:
 
     # model (L1)
     model: str | None = flag(None,
-        "--model", group=MODEL, parse=str,
+        "--model", group=MODEL, action=_Model,
         help="local model folder, Hugging Face repo id (local cache first) or .gguf file; "
-        f"default: the embedded {DEFAULT_MODEL_NAME}",
+        f"default: the embedded {DEFAULT_MODEL_NAME}. Repeated: the first is the default "
+        "model, each other joins the pool (--models)",
+    )  # fmt: skip
+    models: list[str] = flag([],
+        "--models", group=MODEL, action=_Models,
+        help="more models served beside --model, each loaded on its first request: names as "
+        "--model takes them, or `auto` (every model `mlxd models` lists as ready); a request's "
+        "model picks one (docs/http-api.md, model pool)",
+    )  # fmt: skip
+    models_file: str | None = flag(None,
+        "--models-file", group=MODEL, parse=str, metavar="PATH",
+        help="a JSON list of models to serve: {\"name\", \"path\", \"aliases\": [...], "
+        "\"pinned\": bool, \"ttl\": seconds, \"defaults\": {\"temperature\", ...}}; "
+        "without --model the first is the default model",
+    )  # fmt: skip
+    model_ttl: float | None = flag(None,
+        "--model-ttl", group=MODEL, parse=float, metavar="SECONDS",
+        help="unload a pool model idle this long (no running or queued rows); pinned models "
+        "and the default model stay (default: none, models stay loaded)",
     )  # fmt: skip
     adapter_path: str | None = flag(None,
         "--adapter-path", group=MODEL, parse=str,
@@ -755,6 +796,8 @@ class ServeConfig:
         for name, ok in checks:
             if not ok:
                 raise ConfigError(f"{_flag(_field(name))}: {getattr(self, name)!r} is out of range")
+        if self.model_ttl is not None and not 0 < self.model_ttl < float("inf"):
+            raise ConfigError(f"--model-ttl: a positive number of seconds, not {self.model_ttl}")
         if self.max_loras < 1:
             raise ConfigError(f"--max-loras: must be 1 or more, not {self.max_loras}")
         names = []

@@ -9,6 +9,7 @@ import platform
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -20,7 +21,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..config import ServeConfig
-from .errors import APIError, anthropic_body, error_response, is_anthropic_path, openai_body
+from .errors import (
+    APIError,
+    anthropic_body,
+    error_response,
+    is_anthropic_path,
+    openai_body,
+    read_json,
+)
 from .limits import ReleaseAfterLargeBodies
 from .openapi import operation
 from .provider import ModelProvider, context_length
@@ -89,6 +97,10 @@ def build_app(state: ServerState) -> FastAPI:
     responses_api.add_routes(app, state)
     metrics.add_routes(app)
     lora.add_routes(app)
+    pool_routes = {"/v1/models/load": load_model, "/v1/models/unload": unload_model}
+    for path, endpoint in pool_routes.items():  # llama.cpp's router paths too
+        for route in (path, path.removeprefix("/v1")):
+            app.add_api_route(route, endpoint, methods=["POST"], include_in_schema=False)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> Response:
@@ -196,19 +208,37 @@ def _entry(served: Any, created: int) -> dict[str, Any]:
     }
 
 
+def _pool_entry(entry: Any, created: int) -> dict[str, Any]:
+    """A pool model: its state, size in bytes (loaded weights, else the files on disk) and
+    whether it is pinned."""
+    served, spec = entry.served, entry.spec
+    if served is not None:
+        ctx = served.context_length
+    else:
+        ctx = context_length(Path(spec.path).expanduser()) if spec.path else None
+    return {"id": entry.name, "object": "model", "created": created, "owned_by": "mlxd",
+            "max_model_len": ctx, "state": entry.state, "size_bytes": entry.size(),
+            "pinned": spec.pinned, "aliases": list(spec.aliases)}  # fmt: skip
+
+
 def _listing(state: ServerState) -> list[dict[str, Any]]:
     from .lora import model_entries
 
     now = int(state.started)
     seen, data = set(), []
-    for served in state.provider.loaded():
+    provider = state.provider
+    for entry in list(provider.pool.entries.values()):
+        seen.add(entry.name)
+        data.append(_pool_entry(entry, now))
+    for served in provider.loaded():  # request-named adapters over a model
         if served.name not in seen:
             seen.add(served.name)
             data.append(_entry(served, now))
-    for entry in model_entries(state, now):  # the LoRA adapters, with `parent`
-        if entry["id"] not in seen:
-            seen.add(entry["id"])
-            data.append(entry)
+    if provider.loras.entries():  # the LoRA adapters, with `parent`
+        for entry in model_entries(state, now):
+            if entry["id"] not in seen:
+                seen.add(entry["id"])
+                data.append(entry)
     for entry in _hf_cache_models():
         if entry["id"] not in seen:
             seen.add(entry["id"])
@@ -230,14 +260,41 @@ async def get_model(request: Request) -> JSONResponse:
         if entry["id"] == wanted:
             return JSONResponse(entry)
     provider = state.provider
+    if (found := provider.pool.find(wanted)) is not None:
+        return JSONResponse({**_pool_entry(found, int(state.started)), "id": wanted,
+                             "root": found.name})  # fmt: skip
     if provider.serves(wanted) or provider.falls_back(wanted):
-        entry = _entry(provider.default, int(state.started))
-        return JSONResponse({**entry, "id": wanted, "root": provider.default.name})
+        entry = _pool_entry(provider.pool.entries[provider.names[0]], int(state.started))
+        return JSONResponse({**entry, "id": wanted, "root": entry["id"]})
     raise APIError(404, f"model '{wanted}' not found", param="model", code="model_not_found")
+
+
+async def _pool_name(request: Request) -> str:
+    body = await read_json(request)
+    name = body.get("model")
+    if not isinstance(name, str) or not name or len(name) > 1024 or "\x00" in name:
+        raise APIError(400, "model must be a model's name", param="model")
+    return name
+
+
+async def load_model(request: Request) -> JSONResponse:
+    """llama.cpp router's `POST /models/load` {"model"}: answers once the model is loaded."""
+    state: ServerState = request.app.state.mlxd
+    name = await _pool_name(request)
+    await offload(lambda: state.provider.load(name))
+    return JSONResponse({"success": True})
+
+
+async def unload_model(request: Request) -> JSONResponse:
+    """llama.cpp router's `POST /models/unload` {"model"}: 409 while it runs rows."""
+    state: ServerState = request.app.state.mlxd
+    name = await _pool_name(request)
+    await offload(lambda: state.provider.unload(name))
+    return JSONResponse({"success": True})
 
 
 async def health(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.mlxd
-    if state.provider.default.engine.alive:
+    if all(served.engine.alive for served in state.provider.loaded()):
         return JSONResponse({"status": "ok", "uptime_s": round(time.time() - state.started, 1)})
     return JSONResponse({"status": "unavailable"}, status_code=503)

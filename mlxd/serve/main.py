@@ -2,6 +2,7 @@
 
 import ipaddress
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..blas import blas_in_use
@@ -20,16 +21,19 @@ from .speculation import model_refusal as spec_refusal
 log = logging.getLogger("mlxd.serve")
 
 
-def make_state(config: ServeConfig) -> ServerState:
+def make_state(config: ServeConfig, scan: Callable[[], list[str]] | None = None) -> ServerState:
     """The server's state for `config`, its model loaded and its engine started. Resolves the
     engine's settings for this machine (`config.resolved()`): call it after
-    `mlxd.config.apply_to_process(config)`, which `mlxd serve` does first."""
+    `mlxd.config.apply_to_process(config)`, which `mlxd serve` does first. `scan`: the
+    local models `--models auto` serves (`mlxd models`' ready names, given by the CLI)."""
     if config.draft_model is not None and config.kv_config is not None:
         raise ModelLoadError("--kv-config does not run with --draft-model")
     if config.num_draft_tokens < 0:
         raise ModelLoadError("--num-draft-tokens must be at least 0")
     config = config.resolved()
-    provider = ModelProvider(config)
+    if "auto" in config.models and scan is None:
+        raise ModelLoadError("--models auto: no local model scan was given to the server")
+    provider = ModelProvider(config, scan=scan)
     try:
         provider.loras.start(config.lora_modules)  # a bad one stops start-up, naming it
     except BaseException:
@@ -88,13 +92,13 @@ def http_server(app: Any, config: ServeConfig) -> Any:
     return server
 
 
-def serve(config: ServeConfig) -> None:
+def serve(config: ServeConfig, scan: Callable[[], list[str]] | None = None) -> None:
     configure(config.log_level, config.log_format)
     if (problem := port_problem(config.host, config.port)) is not None:
         raise SystemExit(f"mlxd serve: error: {problem}")  # before the model loads: at once
     if (warning := exposure_warning(config.host, config.api_key)) is not None:
         log.warning(warning)
-    state = make_state(config)
+    state = make_state(config, scan)
     server = http_server(build_app(state), config)
     log.info("serving %s on http://%s:%d", state.provider.default.name, config.host, config.port)
     log.info("CPU BLAS: %s", blas_in_use())  # which library MLX's CPU matmuls call

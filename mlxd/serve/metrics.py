@@ -121,6 +121,24 @@ class StoreCollector:
         yield from (held, count, lookups, hits, tokens, bad)
 
 
+class PoolCollector:
+    """The model pool (pool.py): which models are loaded, and why each was unloaded."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        loaded = GaugeMetricFamily("mlxd_model_loaded", "1 while loaded", labels=["model"])
+        why = "Model unloads by reason (ttl, budget, request)"
+        unloads = CounterMetricFamily("mlxd_model_unloads", why, labels=["model", "reason"])
+        pool = getattr(getattr(self.state, "provider", None), "pool", None)
+        for entry in list(pool.entries.values()) if pool is not None else []:
+            loaded.add_metric([entry.name], 1 if entry.served is not None else 0)
+        for (name, reason), n in dict(pool.unloads if pool is not None else {}).items():
+            unloads.add_metric([name, reason], n)
+        yield from (loaded, unloads)
+
+
 # MLX's allocator in this process: its buffer cache is what grows on CUDA, where mlxd never
 # clears it (`--prefill-clear-cache auto`), so the gauge shows how close the process is to its
 # limit.
@@ -188,6 +206,7 @@ class Metrics:
         )
         r.register(EngineCollector(state))
         r.register(StoreCollector(state))
+        r.register(PoolCollector(state))
         r.register(MemoryCollector())
 
     def install(self, app: Any) -> None:

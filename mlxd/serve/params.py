@@ -10,6 +10,7 @@ from typing import Any
 from ..model import ModelLoadError
 from .app import ServerState
 from .errors import APIError, bad_request
+from .pool_specs import model_defaults
 from .provider import Served
 from .speculation import speculative
 from .streaming import offload
@@ -104,7 +105,10 @@ def logit_bias(value: Any) -> dict[int, float] | None:
 
 def read_params(body: dict[str, Any], defaults: Any) -> GenParams:
     """The OpenAI / mlx-lm sampling fields of a chat or completions body; `defaults`: the
-    server's (a ServeConfig's --temp, --top-p, --top-k, --min-p, --max-tokens)."""
+    server's (a ServeConfig's --temp, --top-p, --top-k, --min-p, --max-tokens), under the
+    named model's models-file `defaults`."""
+    if pooled := model_defaults(defaults, body.get("model")):
+        body = {**pooled, **{k: v for k, v in body.items() if v is not None}}
 
     def g(key: str, default: Any = None) -> Any:
         value = body.get(key)  # an explicit null means "the default", as OpenAI treats it

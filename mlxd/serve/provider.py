@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,10 @@ from ..model.folded_attention import unsupported as unfoldable
 from ..model.fused_projections import stack_in_place
 from ..model.resolve import cached_repo, resolve_model
 from .budget import hold_to_budget, kv_budget_from, make_store
-from .errors import bad_request
+from .errors import APIError, bad_request
 from .lora import Loras
+from .pool import RETRY_S, Entry, Pool, busy
+from .pool_specs import ModelSpec, specs_from
 
 log = logging.getLogger("mlxd.serve")
 
@@ -126,9 +129,13 @@ def shown(name: str | None, most: int = 100) -> str:
 
 
 class ModelProvider:
-    def __init__(self, config: ServeConfig, max_others: int = 1) -> None:
-        self.config = config.resolved()
-        self.max_others = max_others
+    """The pool's models (pool.py) loaded as Served, by the name a request gives."""
+
+    def __init__(
+        self, config: ServeConfig, max_others: int = 1, scan: Callable[[], list[str]] | None = None
+    ) -> None:
+        self.config = config = config.resolved()
+        self.max_others = max_others  # request-named adapters over a model (`adapters`)
         self._lock = threading.Lock()
         try:  # --kv-config: every row's per-layer KV scheme
             self.kv_config = mixed.from_flags(config.kv_config, config.kv_bits)
@@ -136,21 +143,26 @@ class ModelProvider:
             raise ModelLoadError(str(e)) from e
         # Requests on their way to any engine here (engine/arrivals.py: the join window).
         self.arrivals = Arrivals(config.join_window)
-        self.default = self._load(config.model, config.adapter_path)
-        if config.draft_model is not None:
-            try:
-                self._load_draft(config.draft_model)
-            except BaseException:
-                self.default.engine.close()  # its thread and store go with the failed start
-                if (sharing := self.default.engine.sharing) is not None:
-                    sharing.store.close()
-                raise
-        self.names = served_names(config, self.default.name)
-        self.default.name = self.names[0]
+        specs = specs_from(config, scan)
+        first = specs[0]
+        self.names = served_names(config, first.name or DEFAULT_MODEL_NAME)
+        first.name, first.aliases = self.names[0], (*self.names[1:], *first.aliases)
+        self.pool = Pool(config, specs, self._load_spec)
+        self._default = self.pool.entries[first.name]
         self._fell_back: set[str | None] = set()
-        self._limit_before = hold_to_budget(config)  # once the budget is known to hold the weights
         self._others: collections.OrderedDict[tuple, Served] = collections.OrderedDict()
+        self._limit_before = hold_to_budget(config)  # once the budget is known to hold the weights
+        try:
+            self.pool.acquire(self._default)  # the default model loads at start-up
+        except BaseException:
+            self.close()
+            raise
         self.loras = Loras(self)  # --lora-modules and the runtime loads (lora.py)
+
+    @property
+    def default(self) -> Served:
+        """The default model, loaded again if it was unloaded (it is not pinned)."""
+        return self.pool.acquire(self._default)
 
     def _tokenizer_config(self) -> dict[str, Any]:
         c = self.config
@@ -159,7 +171,24 @@ class ModelProvider:
             config["chat_template"] = c.chat_template
         return config
 
-    def _load(self, ref: str | None, adapter: str | None, folder: Path | None = None) -> Served:
+    def _load_spec(self, spec: ModelSpec, held: int) -> Served:
+        """Load a pool model (`held`: bytes of weights the other loaded models hold)."""
+        default = spec is self._default.spec
+        folder = Path(spec.path) if spec.requested and spec.path else None
+        adapter = self.config.adapter_path if default else None
+        served = self._load(spec.path, adapter, folder, held)
+        served.name = spec.name
+        if default and self.config.draft_model is not None:
+            try:
+                self._load_draft(served, self.config.draft_model)
+            except BaseException:
+                close_served(served)  # its thread and store go with the failed load
+                raise
+        return served
+
+    def _load(
+        self, ref: str | None, adapter: str | None, folder: Path | None = None, held: int = 0
+    ) -> Served:
         c = self.config
         folder = folder or resolve_model(ref)
         model, tokenizer = load(
@@ -187,7 +216,8 @@ class ModelProvider:
             weights += stack_in_place(model)  # before any engine holds those weights; copies
             # only where a layer's slice of a stack would start off MLX's alignment
         weights += sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-        kv_budget = kv_budget_from(c, weights)
+        # Each engine's KV budget: what every loaded model's weights leave of --memory-budget.
+        kv_budget = kv_budget_from(c, weights + held)
         store, namespace = make_store(c, folder, adapter, kv_budget)
         engine = Engine(
             model,
@@ -203,25 +233,25 @@ class ModelProvider:
         ctx = context_length(folder)
         return Served(name, model, tokenizer, engine, ctx, weights)
 
-    def _load_draft(self, ref: str) -> None:
+    def _load_draft(self, served: Served, ref: str) -> None:
         """--draft-model, loaded as the model is (same errors); mlx_lm.server's warning when
         the vocabularies differ."""
         folder = resolve_model(ref)
         draft, tokenizer = load(str(folder), tokenizer_config=self._tokenizer_config(),
                                 trust_remote_code=self.config.trust_remote_code)[:2]  # fmt: skip
-        if tokenizer.vocab_size != self.default.tokenizer.vocab_size:
+        if tokenizer.vocab_size != served.tokenizer.vocab_size:
             log.warning("Draft model tokenizer does not match model tokenizer. "
                         "Speculative decoding may not work as expected.")  # fmt: skip
-        self.default.engine.use_draft(draft)
-        self.default.draft = draft
-        self.default.draft_names = tuple(dict.fromkeys([ref, str(folder)]))
+        served.engine.use_draft(draft)
+        served.draft = draft
+        served.draft_names = tuple(dict.fromkeys([ref, str(folder)]))
 
     def serves(self, name: str | None) -> bool:
-        """`name` is one of the served model's names or aliases."""
+        """`name` is one of the default model's names or aliases."""
         return name is None or name in SERVED_ALIASES or name in self.names
 
     def falls_back(self, name: str | None, any_name: bool = False) -> bool:
-        """A name nothing loads for still means the served model (the module's rule)."""
+        """A name nothing loads for still means the default model (the module's rule)."""
         if self.config.strict_model_names or name is None:
             return False
         return any_name or bare_name(name)
@@ -229,19 +259,29 @@ class ModelProvider:
     def get(self, name: str | None, adapter: str | None = None, fallback: bool = False) -> Served:
         """The model a request names; raises ModelLoadError when it cannot be loaded and the
         name does not fall back (`fallback`: any name may, Anthropic's ids)."""
-        d = self.default
         adapter = None if adapter == self.config.adapter_path else adapter
         if adapter is None and self.serves(name):
-            return d
+            return self.default
         if adapter is None and (lora := self.loras.route(name)) is not None:
             return lora  # an adapter's name, before any model or the bare-name fallback
+        if adapter is None and (entry := self.pool.find(name)) is not None:
+            return self._acquire(entry)
         try:
             return self._other(name, adapter)
         except ModelLoadError:
             if adapter is None and self.falls_back(name, fallback):
                 self._note_fallback(name)
-                return d
+                return self.default
             raise
+
+    def _acquire(self, entry: Entry) -> Served:
+        """A configured model's load failure is the server's (500), not a name's (404)."""
+        try:
+            return self.pool.acquire(entry)
+        except ModelLoadError as e:
+            if entry.spec.requested:
+                raise
+            raise APIError(500, f"model {shown(entry.name)} failed to load: {e}") from e
 
     def _note_fallback(self, name: str | None) -> None:
         """One log line per name (bounded): a client's label now means the served model."""
@@ -251,29 +291,38 @@ class ModelProvider:
         log.info(
             "model %s is not served here: answering with %s (--strict-model-names refuses)",
             shown(name),
-            self.default.name,
+            self._default.name,
         )
 
     def _other(self, name: str | None, adapter: str | None) -> Served:
+        """A model a request names by path or cached repo: it joins the pool, unpinned. With
+        an adapter (`adapters`): kept beside the pool, at most `max_others`."""
+        ref = None if name in SERVED_ALIASES else name
+        folder = self._allowed(ref, adapter)
+        if adapter is None and ref is not None:
+            path = str(folder) if folder is not None else ref
+            with self._lock:
+                entry = self.pool.find(ref) or self.pool.add(ModelSpec(ref, path, requested=True))
+            try:
+                return self.pool.acquire(entry)
+            except ModelLoadError:
+                self.pool.remove(entry)
+                raise
         key = (name, adapter)
         with self._lock:
             if key in self._others:
                 self._others.move_to_end(key)
                 return self._others[key]
-            ref = None if name in SERVED_ALIASES else name
-            served = self._load(ref, adapter, self._allowed(ref, adapter))
+            served = self._load(ref, adapter, folder, self.pool.held())
             self._others[key] = served
             while len(self._others) > self.max_others:
-                _, old = self._others.popitem(last=False)
-                old.engine.close()
-                if old.engine.sharing is not None:
-                    old.engine.sharing.store.close()
+                close_served(self._others.popitem(last=False)[1])
             return served
 
     def _allowed(self, ref: str | None, adapter: str | None) -> Path | None:
-        """Without --allow-model-paths a request may name only the served model, its aliases
-        and repos in the local Hugging Face cache (their folder); every other name gets the
-        same answer, whatever is on disk. With it: None, and `_load` resolves as mlx-lm does."""
+        """Without --allow-model-paths a request may name only the served models, their
+        aliases and repos in the local Hugging Face cache (their folder); every other name gets
+        the same answer, whatever is on disk. With it: None, and `_load` resolves as mlx-lm does."""
         if self.config.allow_model_paths:
             return None
         if adapter is not None:
@@ -285,20 +334,49 @@ class ModelProvider:
             )
         return folder
 
+    def load(self, name: str) -> Served:
+        """POST /v1/models/load: a pool model (404 for any other name) loaded now."""
+        if self.serves(name):
+            return self.default
+        if (entry := self.pool.find(name)) is None:
+            raise APIError(404, f"model {shown(name)} is not in the pool", param="model",
+                           code="model_not_found")  # fmt: skip
+        return self._acquire(entry)
+
+    def unload(self, name: str) -> None:
+        """POST /v1/models/unload: 404 unknown, 400 pinned, 409 while it runs rows."""
+        entry = self._default if self.serves(name) else self.pool.find(name)
+        if entry is None:
+            raise APIError(404, f"model {shown(name)} is not in the pool", param="model",
+                           code="model_not_found")  # fmt: skip
+        if entry.spec.pinned:
+            raise bad_request(f"model {shown(entry.name)} is pinned: it is never unloaded", "model")
+        with self.pool.lock_loads():
+            if entry.served is not None and busy(entry.served):
+                why = f"model {shown(entry.name)} is running rows; retry once they end"
+                retry = {"Retry-After": str(RETRY_S)}
+                raise APIError(409, why, param="model", headers=retry)
+            self.pool.unload(entry, "request", why="POST /v1/models/unload")
+
     def loaded(self) -> list[Served]:
-        return [self.default, *self._others.values()]
+        return [e.served for e in self.pool.loaded()] + list(self._others.values())
 
     def close(self) -> None:
         """Stop the engines, flush the disk tiers' queues and give MLX back its memory limit
         (idempotent)."""
+        self.pool.close()
         for served in self.loaded():
-            served.engine.close()
-            if (sharing := served.engine.sharing) is not None and not sharing.store.closed:
-                sharing.store.close()
-                log.info("%s: prefix store closed, %s", served.name, sharing.store.stats())
+            close_served(served)
         if self._limit_before is not None:
             mx.set_memory_limit(self._limit_before)
             self._limit_before = None
+
+
+def close_served(served: Served) -> None:
+    served.engine.close()
+    if (sharing := served.engine.sharing) is not None and not sharing.store.closed:
+        sharing.store.close()
+        log.info("%s: prefix store closed, %s", served.name, sharing.store.stats())
 
 
 __all__ = ["ModelLoadError", "ModelProvider", "Served"]
