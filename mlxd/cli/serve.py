@@ -79,4 +79,11 @@ def run(args: argparse.Namespace) -> None:
         faulthandler.enable(all_threads=True)
     except (AttributeError, ValueError, OSError):  # a stderr without a file (an IDE's console)
         pass
-    main.serve(config)
+    main.serve(config, scan=_ready_models)
+
+
+def _ready_models() -> list[str]:
+    """`--models auto`: what `mlxd models` lists as ready (the scan is the CLI's)."""
+    from .models_scan import READY, local_models
+
+    return [m.name for m in local_models() if m.state == READY]

@@ -16,7 +16,7 @@ import mlxd.serve.main
 from mlxd.cli import build_parser
 from mlxd.cli import serve as cli_serve
 
-def crash(args):
+def crash(args, **_):
     def engine_loop():
         time.sleep(30)
     threading.Thread(target=engine_loop, daemon=True).start()
@@ -70,7 +70,7 @@ def test_serve_starts_where_stderr_has_no_file(monkeypatch, tmp_path: Path) -> N
     from mlxd.cli import serve as cli_serve
 
     started = []
-    monkeypatch.setattr(mlxd.serve.main, "serve", started.append)
+    monkeypatch.setattr(mlxd.serve.main, "serve", lambda config, **_: started.append(config))
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     cli_serve.run(build_parser().parse_args(["serve", "--model", str(tmp_path)]))
     assert len(started) == 1

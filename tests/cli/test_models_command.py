@@ -232,3 +232,10 @@ def test_rm_refuses_unknown_names_and_asks_without_yes(
     main(["models", "rm", "acme/tiny-llama"])
     assert capsys.readouterr().out.strip() == "kept acme/tiny-llama"
     assert "acme/tiny-llama" in _models(capsys)
+
+
+def test_serve_models_auto_takes_the_ready_models(offline: Path) -> None:
+    """`mlxd serve --models auto` gets what `mlxd models` lists as ready, nothing else."""
+    from mlxd.cli.serve import _ready_models
+
+    assert _ready_models() == ["acme/tiny-llama"]  # the default model is not downloaded here

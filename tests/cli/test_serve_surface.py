@@ -62,6 +62,14 @@ def test_every_mlx_lm_server_flag_with_its_default() -> None:
             assert a.type("32GB") == b.type("32GB") and a.default == b.default
             assert (a.nargs, type(a)) == (b.nargs, type(b))
             continue
+        # model: ours may be repeated (the first is the default, the others join --models).
+        if dest == "model":
+            assert (a.default, b.default, a.type) == (None, None, str)
+            ns = argparse.Namespace(model=None, models=[])
+            b(None, ns, "x")
+            b(None, ns, "y")
+            assert (ns.model, ns.models) == ("x", ["y"])
+            continue
         assert (a.default, a.type, a.nargs, type(a)) == (b.default, b.type, b.nargs, type(b)), dest
 
 
@@ -133,7 +141,7 @@ def test_bad_flag_combinations_stop_serve_with_one_line(flags, message, monkeypa
     import mlxd.serve.main as serve_main
     from mlxd.cli import serve as serve_cli
 
-    monkeypatch.setattr(serve_main, "serve", lambda a: pytest.fail("served"))
+    monkeypatch.setattr(serve_main, "serve", lambda a, **_: pytest.fail("served"))
     with pytest.raises(SystemExit, match=f"mlxd serve: error: {message}"):
         serve_cli.run(build_parser().parse_args(["serve", *flags]))
 
@@ -190,7 +198,7 @@ def test_mlx_cuda_switches_reach_mlx_before_the_server_starts(monkeypatch, flag,
     monkeypatch.setenv(var, "")  # so the test's end restores the original
     monkeypatch.delenv(var)
     seen: list[str | None] = []
-    monkeypatch.setattr(serve_main, "serve", lambda a: seen.append(os.environ.get(var)))
+    monkeypatch.setattr(serve_main, "serve", lambda a, **_: seen.append(os.environ.get(var)))
     serve_cli.run(build_parser().parse_args(["serve", *flag]))
     assert seen == [env]
 
@@ -206,7 +214,7 @@ def test_switch_interval_is_set_before_the_server_starts(monkeypatch, flag, inte
 
     before = sys.getswitchinterval()
     seen: list[float] = []
-    monkeypatch.setattr(serve_main, "serve", lambda a: seen.append(sys.getswitchinterval()))
+    monkeypatch.setattr(serve_main, "serve", lambda a, **_: seen.append(sys.getswitchinterval()))
     try:
         serve_cli.run(build_parser().parse_args(["serve", *flag]))
     finally:
@@ -222,7 +230,7 @@ def test_switch_interval_engine_leaves_pythons_interval_to_the_engine(monkeypatc
 
     before = sys.getswitchinterval()
     seen: list = []
-    monkeypatch.setattr(serve_main, "serve", lambda a: seen.append(a.switch_interval))
+    monkeypatch.setattr(serve_main, "serve", lambda a, **_: seen.append(a.switch_interval))
     serve_cli.run(build_parser().parse_args(["serve", "--switch-interval", "engine"]))
     assert seen == ["engine"] and sys.getswitchinterval() == before
 
@@ -287,7 +295,7 @@ def test_a_bad_engine_environment_stops_serve_with_one_line(env, monkeypatch) ->
     from mlxd.cli import serve as serve_cli
 
     monkeypatch.setenv(*env)
-    monkeypatch.setattr(serve_main, "serve", lambda a: pytest.fail("served"))
+    monkeypatch.setattr(serve_main, "serve", lambda a, **_: pytest.fail("served"))
     with pytest.raises(
         SystemExit, match=f"mlxd serve: error: {env[0]}.*(a whole number|a row count|three int)"
     ):
