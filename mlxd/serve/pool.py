@@ -70,7 +70,10 @@ class Pool:
         with self._lock:
             entry = self.entries[spec.name] = Entry(spec)
             if spec.path is not None:
-                entry.disk_bytes = disk_bytes(Path(spec.path).expanduser())
+                try:  # a request's `~nosuchuser`: the resolver's 404 comes when it loads
+                    entry.disk_bytes = disk_bytes(Path(spec.path).expanduser())
+                except (RuntimeError, OSError, ValueError):
+                    entry.disk_bytes = None
             for name in (spec.name, *spec.aliases):
                 self.names.setdefault(name, spec.name)
             if spec.path is not None and not spec.requested:

@@ -154,6 +154,9 @@ class ModelProvider:
         self._limit_before = hold_to_budget(config)  # once the budget is known to hold the weights
         try:
             self.pool.acquire(self._default)  # the default model loads at start-up
+        except APIError as e:  # what a request would get: at start-up, the one-line error
+            self.close()
+            raise ModelLoadError(e.message) from None
         except BaseException:
             self.close()
             raise
@@ -163,6 +166,11 @@ class ModelProvider:
     def default(self) -> Served:
         """The default model, loaded again if it was unloaded (it is not pinned)."""
         return self.pool.acquire(self._default)
+
+    @default.setter
+    def default(self, served: Served) -> None:
+        """Put `served` in the default model's place (an embedder's own engine or model)."""
+        self._default.served = served
 
     def _tokenizer_config(self) -> dict[str, Any]:
         c = self.config
