@@ -14,7 +14,7 @@ from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest, Speculation
 from mlxd.engine.sampling import SamplingParams
 
-N, LENGTH, TOP_K = 300, 6, 2
+N, LENGTH, TOP_K = 200, 5, 2
 
 
 @pytest.fixture(autouse=True)
