@@ -164,6 +164,7 @@ ENV_VARS = {
     "MLXD_HOME": "where mlxd keeps converted models, the default model and stored responses "
     "(default: ~/.cache/mlxd)",
     "MLXD_API_KEY": "`mlxd serve --api-key`'s default",
+    "MLXD_ISOLATION": "`mlxd serve --isolation`'s default (process or off)",
     "HF_HUB_OFFLINE": "1, true, yes or on: resolve Hugging Face repo ids from the local cache only",
     "MLXD_THREAD_ROWS": "EngineConfig.thread_rows",
     "MLXD_TRACE": "EngineConfig.trace",
@@ -435,6 +436,13 @@ class ServeConfig:
         "--model-ttl", group=MODEL, parse=float, metavar="SECONDS",
         help="unload a pool model idle this long (no running or queued rows); pinned models "
         "and the default model stay (default: none, models stay loaded)",
+    )  # fmt: skip
+    # None (a config built in Python, not parsed by `mlxd serve`): the engine in this process.
+    isolation: str | None = flag(None,
+        "--isolation", group=MODEL, choices=("process", "off"),
+        help="process (the default, or MLXD_ISOLATION): each served model's engine runs in a "
+        "child process, so a crash in MLX ends that engine's requests with an error and the "
+        "engine restarts while the server keeps serving; off: in the server's process",
     )  # fmt: skip
     adapter_path: str | None = flag(None,
         "--adapter-path", group=MODEL, parse=str,
@@ -790,6 +798,7 @@ class ServeConfig:
             ("request_timeout", 0 <= self.request_timeout < float("inf")),
             ("max_connections", self.max_connections >= 1),
             ("num_speculative_tokens", self.num_speculative_tokens >= 1),
+            ("isolation", self.isolation in (None, "process", "off")),
             ("switch_interval", self.switch_interval in (None, "engine")
              or isinstance(self.switch_interval, float) and self.switch_interval > 0),
         )  # fmt: skip
@@ -830,6 +839,8 @@ class ServeConfig:
         environ = os.environ if environ is None else environ
         if values["api_key"] is None:
             values["api_key"] = environ.get("MLXD_API_KEY") or None
+        if values["isolation"] is None:
+            values["isolation"] = environ.get("MLXD_ISOLATION", "").strip() or "process"
         if values["data_dir"] is None:
             values["data_dir"] = str(mlxd_home(create=False) / "data")
         try:

@@ -20,6 +20,9 @@ from hypothesis import settings
 import mlxd.blas
 
 os.environ.update(mlxd.blas.same_blas(os.environ))
+# The suite's servers run their engine in the test's process (the tests reach into it), and so
+# do the `mlxd serve` processes it starts; tests/serve/test_engine_process*.py run the child.
+os.environ.setdefault("MLXD_ISOLATION", "off")
 
 # The tokenizer and tiny-model fixtures, shared with bench/probes/tests.
 qwen3_tokenizer_dir = model_fixtures.qwen3_tokenizer_dir
