@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from ..engine.embed import TooManyDimensions, embed, vocab_size
 from ..model.pooling import Pooling, pooling_of
 from .errors import APIError, bad_request, read_json
+from .metrics import note_model
 from .openapi import responses
 from .params import load_model, model_ref
 from .provider import Served
@@ -122,6 +123,7 @@ async def embeddings(request: Request) -> JSONResponse:
     req = parse(body)
     state = request.app.state.mlxd
     served = await load_model(state, model_ref(body))
+    note_model(served)  # no Generation runs here to tell /metrics the request's model
     if served.adapter is not None:  # its forward here would be the base model's, unmarked
         raise bad_request(f"embeddings do not run with LoRA adapter {served.adapter!r}; name the "
                           "base model", "model")  # fmt: skip

@@ -96,6 +96,8 @@ class Generation:
         self.usage = Usage(prompt_tokens=len(prompt.tokens))
         # Timings as the client sees them (for /metrics): submit -> first token, token gaps.
         self.observer, self.endpoint = observer, endpoint
+        if observer is not None:  # before the answer starts: /metrics counts it by model
+            observer.started(self)
         self.submitted_at = time.perf_counter()
         self.ttft_s: float | None = None
         self.gaps: list[float] = []

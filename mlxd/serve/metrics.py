@@ -1,26 +1,25 @@
-"""Prometheus `/metrics`: requests by route and status (an ASGI middleware), per-generation
-latency and token counts (`Metrics.finished`, called by every Generation), and the engines'
-rows and KV read at scrape time. Each app has its own registry, so servers can share a process.
-The request log (request_log.py) hangs off the same two hooks: its middleware and `finished`.
+"""Prometheus `/metrics`: requests by route, status and model (an ASGI middleware),
+per-generation latency and token counts by endpoint and model (`Metrics.finished`, called by
+every Generation), and the series read at scrape time (metrics_collectors.py). Each app has its
+own registry, so servers can share a process. The request log (request_log.py) hangs off the
+same two hooks: its middleware and `finished`.
 
-`mlxd_kv_bytes_in_use` is the KV *reservation* admission holds for the running rows (their
-worst case, prompt + max_tokens); without a `--kv-budget` / `--memory-budget` nothing is
-reserved and it reads 0. Reading the live caches would mean touching MLX arrays off the engine
-thread, which the engine forbids: every gauge here reads plain numbers (the engines' and
-stores' counters, MLX's allocator), never an MLX array."""
+The `model` label is the served model's id as /v1/models lists it (an adapter of
+--lora-modules: the adapter's). A request answered before any model was chosen (a 404 for an
+unknown name, /health, /metrics) counts under model "": the requested name is the client's
+text, and a scanner could grow the series without end."""
 
-from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
-import mlx.core as mx
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match
 
 from .errors import APIError
+from .metrics_collectors import EngineCollector, MemoryCollector, PoolCollector, StoreCollector
 from .request_log import RequestLogMiddleware, generation_finished
 from .streaming import offload
 
@@ -30,145 +29,36 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 OTHER = "other"  # paths no route knows: one label, so a scanner cannot grow the series
 CLIENT_GONE = "499"  # the client went away before any response started (nginx's code)
+NO_MODEL = ""  # a request answered before a model was chosen
+
+# The request being handled: its model's label once one is chosen (a list, so the handler's
+# tasks write what the middleware reads).
+_chosen: ContextVar[list[str] | None] = ContextVar("mlxd_metrics_model", default=None)
 
 
-class EngineCollector:
-    """Gauges from every loaded engine's `stats()`, read when scraped."""
-
-    def __init__(self, state: Any) -> None:
-        self.state = state
-
-    def collect(self) -> Iterator[Metric]:
-        lab = ["model"]
-        running = GaugeMetricFamily("mlxd_running_rows", "Rows decoding or prefilling", labels=lab)
-        waiting = GaugeMetricFamily("mlxd_waiting_rows", "Rows queued for admission", labels=lab)
-        in_use = GaugeMetricFamily(
-            "mlxd_kv_bytes_in_use",
-            "KV bytes reserved for the running rows (worst case; 0 without a KV budget)",
-            labels=lab,
-        )
-        budget = GaugeMetricFamily(
-            "mlxd_kv_budget_bytes", "KV budget in bytes (absent without one)", labels=lab
-        )
-        speed = GaugeMetricFamily(
-            "mlxd_tokens_per_second", "Generated tokens per busy second of the engine", labels=lab
-        )
-        per_token = GaugeMetricFamily(
-            "mlxd_kv_bytes_per_token",
-            "Bytes one token of context adds to the full-attention KV layers, per KV scheme",
-            labels=[*lab, "scheme"],
-        )
-        loras = GaugeMetricFamily(
-            "mlxd_lora_adapters_loaded", "LoRA adapters resident in the engine", labels=lab
-        )
-        provider = getattr(self.state, "provider", None)
-        for served in provider.loaded() if provider is not None else []:
-            loras.add_metric([served.name], len(served.engine.adapter_names()))
-            stats = served.engine.stats()
-            name = [served.name]
-            running.add_metric(name, stats["active"])
-            waiting.add_metric(name, stats["waiting"])
-            in_use.add_metric(name, stats["kv_bytes_reserved"])
-            if stats["kv_budget"] is not None:
-                budget.add_metric(name, stats["kv_budget"])
-            speed.add_metric(name, stats["tokens_per_s"])
-            for scheme, n in stats["kv_bytes_per_token"].items():
-                per_token.add_metric([*name, scheme], n)
-        yield from (running, waiting, in_use, budget, speed, per_token, loras)
+def model_label(served: Any) -> str:
+    """A served model's `model` label: the id /v1/models lists for it (--lora-modules routes
+    to the base model's Served with `adapter` set, and the adapter is what was named)."""
+    return served.adapter or served.name
 
 
-class StoreCollector:
-    """Each served model's prefix store, by tier."""
-
-    def __init__(self, state: Any) -> None:
-        self.state = state
-
-    def collect(self) -> Iterator[Metric]:
-        tier = ["model", "tier"]
-        held = GaugeMetricFamily("mlxd_prefix_store_bytes", "Bytes the store holds", labels=tier)
-        count = GaugeMetricFamily("mlxd_prefix_store_entries", "Entries in the store", labels=tier)
-        lookups = CounterMetricFamily(
-            "mlxd_prefix_store_lookups", "Admissions that looked a prompt up", labels=["model"]
-        )
-        hits = CounterMetricFamily(
-            "mlxd_prefix_store_hits", "Lookups served a prefix, by tier", labels=tier
-        )
-        tokens = CounterMetricFamily(
-            "mlxd_prefix_store_hit_tokens",
-            "Prompt tokens served instead of prefilled",
-            labels=["model"],
-        )
-        bad = CounterMetricFamily(
-            "mlxd_prefix_store_quarantined", "Disk entries that failed a check", labels=["model"]
-        )
-        provider = getattr(self.state, "provider", None)
-        for served in provider.loaded() if provider is not None else []:
-            sharing = served.engine.sharing
-            if sharing is None:
-                continue
-            s = sharing.store.stats()
-            name = served.name
-            held.add_metric([name, "ram"], s["ram_bytes"])
-            count.add_metric([name, "ram"], s["ram_entries"])
-            lookups.add_metric([name], s["lookups"])
-            hits.add_metric([name, "ram"], s["hits"] - s["ssd_hits"])
-            hits.add_metric([name, "ssd"], s["ssd_hits"])
-            tokens.add_metric([name], s["hit_tokens"])
-            if (ssd := s.get("ssd")) is not None:
-                held.add_metric([name, "ssd"], ssd["bytes"])
-                count.add_metric([name, "ssd"], ssd["entries"])
-                bad.add_metric([name], ssd["quarantined"])
-        yield from (held, count, lookups, hits, tokens, bad)
-
-
-class PoolCollector:
-    """The model pool (pool.py): which models are loaded, and why each was unloaded."""
-
-    def __init__(self, state: Any) -> None:
-        self.state = state
-
-    def collect(self) -> Iterator[Metric]:
-        loaded = GaugeMetricFamily("mlxd_model_loaded", "1 while loaded", labels=["model"])
-        why = "Model unloads by reason (ttl, budget, request)"
-        unloads = CounterMetricFamily("mlxd_model_unloads", why, labels=["model", "reason"])
-        pool = getattr(getattr(self.state, "provider", None), "pool", None)
-        for entry in list(pool.entries.values()) if pool is not None else []:
-            loaded.add_metric([entry.name], 1 if entry.served is not None else 0)
-        for (name, reason), n in dict(pool.unloads if pool is not None else {}).items():
-            unloads.add_metric([name, reason], n)
-        yield from (loaded, unloads)
-
-
-# MLX's allocator in this process: its buffer cache is what grows on CUDA, where mlxd never
-# clears it (`--prefill-clear-cache auto`), so the gauge shows how close the process is to its
-# limit.
-MEMORY_KINDS = {
-    "active": mx.get_active_memory,  # the live arrays: weights, KV, a step's intermediates
-    "cache": mx.get_cache_memory,  # freed buffers kept for reuse
-    "peak": mx.get_peak_memory,  # active's high-water mark since start
-    "limit": mx.get_memory_limit,  # past it the cache is trimmed: --memory-budget or MLX's own
-}
-
-
-class MemoryCollector:
-    def collect(self) -> Iterator[Metric]:
-        gauge = GaugeMetricFamily(
-            "mlxd_mlx_memory_bytes",
-            "MLX allocator bytes in this process (every model served here), by kind",
-            labels=["kind"],
-        )
-        for kind, read in MEMORY_KINDS.items():
-            gauge.add_metric([kind], read())
-        yield gauge
+def note_model(served: Any) -> None:
+    """The request being handled runs on `served`: its mlxd_requests_total counts under it."""
+    slot = _chosen.get()
+    if slot is not None:
+        slot[0] = model_label(served)
 
 
 class Metrics:
     def __init__(self, state: Any) -> None:
         self.registry = r = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
-            "mlxd_requests", "HTTP requests by route and status", ["endpoint", "status"], registry=r
+            "mlxd_requests",
+            "HTTP requests by route, status and model",
+            ["endpoint", "status", "model"],
+            registry=r,
         )
-        ep = ["endpoint"]
+        ep = ["endpoint", "model"]
 
         def latency(name: str, text: str) -> Histogram:
             return Histogram(name, text, ep, buckets=LATENCY_BUCKETS, registry=r)
@@ -201,7 +91,7 @@ class Metrics:
         self.finished_total = Counter(
             "mlxd_requests_finished",
             "Finished rows (each of n choices) by finish reason",
-            ["endpoint", "reason"],
+            ["endpoint", "reason", "model"],
             registry=r,
         )
         r.register(EngineCollector(state))
@@ -215,29 +105,33 @@ class Metrics:
         app.add_middleware(MetricsMiddleware, metrics=self, router=app.router)
         app.add_middleware(RequestLogMiddleware)
 
+    def started(self, gen: Any) -> None:
+        """A Generation was made for the request being handled (before its answer starts)."""
+        note_model(gen.served)
+
     def finished(self, gen: Any) -> None:
         generation_finished(gen)
-        ep = gen.endpoint or OTHER
+        ep = (gen.endpoint or OTHER, model_label(gen.served))
         if gen.ttft_s is not None:
-            self.ttft.labels(ep).observe(gen.ttft_s)
-        itl = self.itl.labels(ep)
+            self.ttft.labels(*ep).observe(gen.ttft_s)
+        itl = self.itl.labels(*ep)
         for gap in gen.gaps:
             itl.observe(gap)
         for done in (h.done for h in gen.handles):
             if done is not None and done.completion_tokens and done.timings:
                 t = done.timings
-                self.queue.labels(ep).observe(t["queue_s"])
-                self.prefill.labels(ep).observe(t["ttft_s"] - t["queue_s"])
+                self.queue.labels(*ep).observe(t["queue_s"])
+                self.prefill.labels(*ep).observe(t["ttft_s"] - t["queue_s"])
         u = gen.usage
-        self.prompt.labels(ep).inc(u.prompt_tokens)
-        self.cached.labels(ep).inc(u.cached_tokens)
-        self.generated.labels(ep).inc(u.completion_tokens)
-        self.drafted.labels(ep).inc(u.drafted_tokens)
-        self.accepted.labels(ep).inc(u.accepted_tokens)
+        self.prompt.labels(*ep).inc(u.prompt_tokens)
+        self.cached.labels(*ep).inc(u.cached_tokens)
+        self.generated.labels(*ep).inc(u.completion_tokens)
+        self.drafted.labels(*ep).inc(u.drafted_tokens)
+        self.accepted.labels(*ep).inc(u.accepted_tokens)
         reasons = list(gen.finish_reasons)
         reasons += ["cancelled"] * (len(gen.handles) - len(reasons))  # abandoned rows
         for reason in reasons:
-            self.finished_total.labels(ep, reason or "unknown").inc()
+            self.finished_total.labels(ep[0], reason or "unknown", ep[1]).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -257,7 +151,8 @@ def route_template(router: Any, scope: dict) -> str:
 
 class MetricsMiddleware:
     """Pure ASGI (a BaseHTTPMiddleware would buffer streams): counts when the response starts,
-    so a client that has its answer also finds it counted."""
+    so a client that has its answer also finds it counted; by then a streamed answer's model is
+    chosen (`note_model`, through `Metrics.started`)."""
 
     def __init__(self, app: Any, metrics: Metrics, router: Any) -> None:
         self.app, self.metrics, self.router = app, metrics, router
@@ -267,19 +162,22 @@ class MetricsMiddleware:
             return await self.app(scope, receive, send)
         endpoint = route_template(self.router, scope)
         started = False
+        model = [NO_MODEL]
 
         async def counting_send(message: dict) -> None:
             nonlocal started
             if message["type"] == "http.response.start" and not started:
                 started = True
-                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+                self.metrics.requests.labels(endpoint, str(message["status"]), model[0]).inc()
             await send(message)
 
+        token = _chosen.set(model)
         try:
             await self.app(scope, receive, counting_send)
         finally:
+            _chosen.reset(token)
             if not started:
-                self.metrics.requests.labels(endpoint, CLIENT_GONE).inc()
+                self.metrics.requests.labels(endpoint, CLIENT_GONE, model[0]).inc()
 
 
 async def metrics_endpoint(request: Request) -> Response:

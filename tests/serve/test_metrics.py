@@ -29,7 +29,9 @@ def scrape(url: str) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+    """The sum of `name`'s series whose labels include `labels` (PromQL's `sum by`)."""
+    want = frozenset(labels.items())
+    return sum(v for (n, labs), v in samples.items() if n == name and want <= labs)
 
 
 def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
@@ -87,15 +89,19 @@ def test_counts_match_what_was_sent(qwen3_server) -> None:
         assert c.get(url + "/v1/chat/completions").status_code == 405
     after = scrape(url)
 
-    def requests(endpoint: str, status: str) -> float:
-        return delta(before, after, "mlxd_requests_total", endpoint=endpoint, status=status)
+    def requests(endpoint: str, status: str, **model: str) -> float:
+        labels = {"endpoint": endpoint, "status": status, **model}
+        return delta(before, after, "mlxd_requests_total", **labels)
 
-    assert requests("/v1/chat/completions", "200") == 4
-    assert requests("/v1/completions", "200") == 1
+    # Every request-level series carries the served model's name (test_metrics_per_model.py
+    # tells two models apart); a request no model answered counts under "".
+    model = qwen3_server.state.provider.default.name
+    assert requests("/v1/chat/completions", "200", model=model) == 4
+    assert requests("/v1/completions", "200", model=model) == 1
     assert requests("/v1/chat/completions", "400") == 1
     assert requests("/v1/chat/completions", "405") == 1
-    assert requests("other", "404") == 2  # unknown paths share one label
-    assert requests("/metrics", "200") == 1  # the first scrape (this one counts after it)
+    assert requests("other", "404", model="") == 2  # unknown paths share one label
+    assert requests("/metrics", "200", model="") == 1  # the first scrape (this one after it)
     endpoints = {dict(k[1]).get("endpoint") for k in after if k[0] == "mlxd_requests_total"}
     assert not {"/v1/no-such-route", "/no/such/path/either"} & endpoints
 
@@ -103,29 +109,30 @@ def test_counts_match_what_was_sent(qwen3_server) -> None:
         prompt = sum(u["prompt_tokens"] for u in sent)
         generated = sum(u["completion_tokens"] for u in sent)
         cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in sent)
-        assert delta(before, after, "mlxd_prompt_tokens_total", endpoint=ep) == prompt
-        assert delta(before, after, "mlxd_generation_tokens_total", endpoint=ep) == generated
-        assert delta(before, after, "mlxd_cached_prompt_tokens_total", endpoint=ep) == cached
+        lab = {"endpoint": ep, "model": model}
+        assert delta(before, after, "mlxd_prompt_tokens_total", **lab) == prompt
+        assert delta(before, after, "mlxd_generation_tokens_total", **lab) == generated
+        assert delta(before, after, "mlxd_cached_prompt_tokens_total", **lab) == cached
         # One first token per request; every later token is one gap.
-        ttft = delta(before, after, "mlxd_time_to_first_token_seconds_count", endpoint=ep)
+        ttft = delta(before, after, "mlxd_time_to_first_token_seconds_count", **lab)
         assert ttft == len(sent)
-        gaps = delta(before, after, "mlxd_inter_token_latency_seconds_count", endpoint=ep)
+        gaps = delta(before, after, "mlxd_inter_token_latency_seconds_count", **lab)
         assert gaps == generated - len(sent)
-        ttft_s = delta(before, after, "mlxd_time_to_first_token_seconds_sum", endpoint=ep)
+        ttft_s = delta(before, after, "mlxd_time_to_first_token_seconds_sum", **lab)
         assert ttft_s > 0
         # The engine's split of each first token's wait: one queue and one prefill time per
         # row, inside the server's TTFT (it starts earlier, at the request's submit).
         waits = {}
         for part in ("queue", "prefill"):
             name = f"mlxd_request_{part}_seconds"
-            assert delta(before, after, name + "_count", endpoint=ep) == len(sent)
-            waits[part] = delta(before, after, name + "_sum", endpoint=ep)
+            assert delta(before, after, name + "_count", **lab) == len(sent)
+            waits[part] = delta(before, after, name + "_sum", **lab)
             assert waits[part] >= 0
         assert 0 < waits["queue"] + waits["prefill"] <= ttft_s
     for (ep, reason), n in reasons.items():
         reason = "stop" if reason == "tool_calls" else reason
-        got = delta(before, after, "mlxd_requests_finished_total", endpoint=ep, reason=reason)
-        assert got == n, (ep, reason)
+        lab = {"endpoint": ep, "reason": reason, "model": model}
+        assert delta(before, after, "mlxd_requests_finished_total", **lab) == n, (ep, reason)
     assert sum(reasons.values()) == 5
 
 
