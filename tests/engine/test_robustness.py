@@ -1,4 +1,4 @@
-"""100 requests with random arrival times, lengths, parameters, stops and cancellations.
+"""50 requests with random arrival times, lengths, parameters, stops and cancellations.
 
 With `batch=1` (strict serial) every finished request must equal its solo mlx-lm run; under
 batching every request must end with a consistent reason and count, and memory must return
@@ -19,7 +19,7 @@ from mlxd.engine.engine import Engine
 from mlxd.engine.request import GenerationRequest
 from mlxd.engine.sampling import SamplingParams
 
-N = 100
+N = 50  # 8 batched rows stay full through joins, cancels and mixed prefill sizes
 
 
 @pytest.fixture(scope="module")
@@ -172,11 +172,11 @@ def _driven(engine: Engine, s: dict) -> tuple[bool, list[int], str]:
 
 def test_random_load_while_the_main_thread_drives(model) -> None:
     """`batch=1`: the main thread reads requests of its own (driven whenever it finds the engine
-    idle, engine/driver.py) before, while and after 100 others arrive from threads. Every one of
+    idle, engine/driver.py) before, while and after 50 others arrive from threads. Every one of
     them equals its solo mlx-lm run, and nothing is left running."""
     rng = random.Random(15)
     specs = [_spec(rng, i) for i in range(N)]
-    mine = [_spec(rng, i) for i in range(24)]
+    mine = [_spec(rng, i) for i in range(12)]
     engine = Engine(model, batch=1)
     try:
         list(engine.submit(_request(specs[0])))
@@ -185,9 +185,9 @@ def test_random_load_while_the_main_thread_drives(model) -> None:
         background = threading.Thread(target=lambda: out.append(_run(engine, specs)))
         driven = 0
         for i, s in enumerate(mine):
-            if i == 8:
+            if i == 4:
                 background.start()  # the next ones mostly find the engine busy
-            if i == 16:
+            if i == 8:
                 background.join(timeout=600)  # and these find it idle again
             time.sleep(s["delay"])
             was_driven, tokens, reason = _driven(engine, s)
@@ -197,7 +197,7 @@ def test_random_load_while_the_main_thread_drives(model) -> None:
                 assert len(tokens) == s["max_tokens"]
             else:
                 assert reason == "cancelled" and s["cancel_after"] is not None
-        assert driven >= 16  # the idle engine was driven before and after the load
+        assert driven >= 8  # the idle engine was driven before and after the load
         for s, (tokens, reason) in zip(specs, out[0], strict=True):
             assert reason in {"length", "cancelled"}
             assert tokens == _reference(model, s)[: len(tokens)]
