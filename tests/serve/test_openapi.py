@@ -77,7 +77,11 @@ def _shrink(case: Any) -> None:
         body["n"] = 2
 
 
-@pytest.mark.parametrize("method, path", OPERATIONS)
+# /chat/completions is /v1/chat/completions' handler and schemas (serve/app.py): held once.
+CONFORMANCE = [op for op in OPERATIONS if op != ("POST", "/chat/completions")]
+
+
+@pytest.mark.parametrize("method, path", CONFORMANCE)
 def test_answers_conform_to_the_document(qwen3_server, method, path) -> None:
     schema = schemathesis.openapi.from_url(qwen3_server.url + "/openapi.json")
     operation = schema[path][method]
