@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 from serve.test_metrics import delta, scrape
 
 CHAT = "/v1/chat/completions"
@@ -15,8 +16,11 @@ COUNT = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}
 REPEAT = [{"role": "user", "content": "Repeat this line three times: the cat sat on the mat."}]
 
 
+MAX_TOKENS = 24  # "1, 2, ..." to about 12: long enough for several verify steps
+
+
 def _chat(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    body = {"max_tokens": 48, "temperature": 0, **body}
+    body = {"max_tokens": MAX_TOKENS, "temperature": 0, **body}
     r = httpx.post(url + CHAT, json=body, timeout=300)
     assert r.status_code == 200, r.text
     return r.json()
@@ -26,9 +30,14 @@ def _content(reply: dict[str, Any]) -> str:
     return reply["choices"][0]["message"]["content"]
 
 
-def test_a_right_prediction_is_accepted_and_changes_nothing(smollm2_server) -> None:
+@pytest.fixture(scope="module")
+def plain(smollm2_server) -> dict[str, Any]:
+    """The greedy COUNT reply without drafting, the answer the drafted ones must repeat."""
+    return _chat(smollm2_server.url, {"messages": COUNT})
+
+
+def test_a_right_prediction_is_accepted_and_changes_nothing(smollm2_server, plain) -> None:
     url = smollm2_server.url
-    plain = _chat(url, {"messages": COUNT})
     answer = _content(plain)
     assert answer and "completion_tokens_details" not in plain["usage"]
     prediction = {"type": "content", "content": answer}
@@ -44,9 +53,9 @@ def test_a_right_prediction_is_accepted_and_changes_nothing(smollm2_server) -> N
     assert details["accepted_prediction_tokens"] <= usage["completion_tokens"]
 
 
-def test_a_wrong_prediction_changes_nothing(smollm2_server) -> None:
+def test_a_wrong_prediction_changes_nothing(smollm2_server, plain) -> None:
     url = smollm2_server.url
-    answer = _content(_chat(url, {"messages": COUNT}))
+    answer = _content(plain)
     wrong = {"type": "content", "content": "Zebras dance quietly under purple moons. " * 4}
     reply = _chat(url, {"messages": COUNT, "prediction": wrong})
     assert _content(reply) == answer
@@ -69,10 +78,10 @@ def test_ngram_drafting_is_lossless_and_counted(smollm2_server) -> None:
                        "rejected_prediction_tokens": drafted - accepted}  # fmt: skip
 
 
-def test_a_streamed_prediction_reports_usage(smollm2_server) -> None:
+def test_a_streamed_prediction_reports_usage(smollm2_server, plain) -> None:
     url = smollm2_server.url
-    answer = _content(_chat(url, {"messages": COUNT}))
-    body = {"messages": COUNT, "max_tokens": 48, "temperature": 0, "stream": True,
+    answer = _content(plain)
+    body = {"messages": COUNT, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True},
             "prediction": {"type": "content", "content": answer}}  # fmt: skip
     text, usage = "", None
