@@ -13,7 +13,7 @@ from serve.test_admission import data_frames, wait_for
 
 NO_EOS = {"151643": -100, "151645": -100}  # Qwen3's end tokens: rows run to max_tokens
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]
-TIMEOUT = 1.5  # seconds
+TIMEOUT = 0.9  # seconds: rows that sleep 0.2 s a token still get a few out first
 
 
 @pytest.fixture
@@ -93,11 +93,12 @@ def busy(url: str) -> Iterator[None]:
 
 
 def test_no_token_by_the_deadline_is_a_429_with_retry_after(make_server, slow_rows) -> None:
-    """One row, busy past the deadline (1 s a token: the row frees only after the queued
-    request's first token could have come): the queued request never starts, and each API
-    says so in its own shape, streamed or not; afterwards the server still serves."""
+    """One row, busy past the deadline (0.6 s a token: the hog's first token comes 0.3 s before
+    its deadline, its row frees at 1.2 s, and the queued request's first token, due by
+    0.6 + 0.9 s, could come at 1.2 + 0.6 s at the soonest): the queued request never starts,
+    and each API says so in its own shape, streamed or not; afterwards the server still serves."""
     live = make_server(request_timeout=TIMEOUT, batch=1, max_queue=8)
-    slow_rows(1.0)
+    slow_rows(0.6)
     url = live.v1 + "/chat/completions"
     with busy(live.v1):
         r = httpx.post(url, json={"messages": MESSAGES, "max_tokens": 4}, timeout=60)
