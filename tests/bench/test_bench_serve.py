@@ -395,12 +395,15 @@ def test_an_error_frame_counts_as_the_requests_error() -> None:
     assert len(rec["chunk_s"]) == 1  # the token before it still counts
 
 
-def test_a_round_with_errors_keeps_the_servers_log_tail() -> None:
+def test_a_round_with_errors_keeps_the_servers_log_tail(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed round carries the server's last log lines in its record (an 8B failure once
     came back with no cause); a clean round does not."""
     from types import SimpleNamespace
 
+    from mlxd.bench import fleet
     from mlxd.bench.fleet import Workload
+
+    monkeypatch.setattr(fleet, "CONNECT_ATTEMPTS", 2)  # one retry, not 6.35 s of backoffs
     from mlxd.bench.servers import free_port
     from mlxd.bench.side import run_one
 
