@@ -30,6 +30,20 @@ def _load(tiny_model: Callable[..., Path], arch: str, seed: int | None = None):
     return load(str(tiny_model(arch) if seed is None else tiny_model(arch, seed=seed)))
 
 
+@pytest.fixture(scope="module")
+def lm(tiny_model: Callable[..., Path]) -> Callable[..., tuple]:
+    """`lm(arch, seed=None, copy=0)`: (model, tokenizer) loaded once for the module (a load
+    costs about a second); copies 0 and 1 are the same weights loaded apart."""
+    cache: dict[tuple, tuple] = {}
+
+    def get(arch: str, seed: int | None = None, copy: int = 0) -> tuple:
+        if (arch, seed, copy) not in cache:
+            cache[arch, seed, copy] = _load(tiny_model, arch, seed)
+        return cache[arch, seed, copy]
+
+    return get
+
+
 def _req(prompt: list[int], n: int, spec: Speculation | None = None, **kw) -> GenerationRequest:
     return GenerationRequest(prompt=mx.array(prompt), max_tokens=n, speculation=spec, **kw)
 
@@ -63,10 +77,10 @@ def _model_spec(k: int = 4) -> Speculation:
 
 
 @pytest.mark.parametrize(("arch", "order"), [("qwen3", "pipelined"), ("llama", "thread")])
-def test_a_draft_that_agrees_is_always_accepted_and_changes_nothing(tiny_model, arch, order):
+def test_a_draft_that_agrees_is_always_accepted_and_changes_nothing(lm, arch, order):
     """(With the step's encoder thread too, CUDA's default step order.)"""
-    model, tok = _load(tiny_model, arch)
-    draft, _ = _load(tiny_model, arch)  # the same weights, loaded apart
+    model, tok = lm(arch)
+    draft, _ = lm(arch, copy=1)  # the same weights, loaded apart
     prompts = [tok.encode(t) for t in TEXTS]
     plain = _run(model, [_req(p, 24) for p in prompts], step_order=order)
     reqs = [_req(p, 24, _model_spec()) for p in prompts]
@@ -78,9 +92,9 @@ def test_a_draft_that_agrees_is_always_accepted_and_changes_nothing(tiny_model, 
         assert done.accepted_tokens == done.drafted_tokens
 
 
-def test_a_draft_that_disagrees_keeps_the_targets_tokens(tiny_model) -> None:
-    model, tok = _load(tiny_model, "qwen3")
-    draft, _ = _load(tiny_model, "qwen3", seed=1)
+def test_a_draft_that_disagrees_keeps_the_targets_tokens(lm) -> None:
+    model, tok = lm("qwen3")
+    draft, _ = lm("qwen3", seed=1)
     prompts = [tok.encode(t) for t in TEXTS]
     # 16 tokens: a few verify steps a row, each with its drafts mostly rejected
     plain = _run(model, [_req(p, 16) for p in prompts])
@@ -90,15 +104,15 @@ def test_a_draft_that_disagrees_keeps_the_targets_tokens(tiny_model) -> None:
         assert done.drafted_tokens > done.accepted_tokens
 
 
-def test_grammar_and_penalty_rows_read_the_drafts_at_each_position(tiny_model) -> None:
+def test_grammar_and_penalty_rows_read_the_drafts_at_each_position(lm) -> None:
     """A penalty row's later positions see the model's drafts before them, a grammar row's
     drafts are checked against its masks: the plain step's tokens and logprobs."""
     from mlxd.constrain import Constraint, compiler_for
     from mlxd.constrain.processor import GrammarLogitsProcessor
     from mlxd.engine.sampling import SamplingParams
 
-    model, tok = _load(tiny_model, "qwen3")
-    draft, _ = _load(tiny_model, "qwen3")
+    model, tok = lm("qwen3")
+    draft, _ = lm("qwen3", copy=1)
     compiler = compiler_for(tok)
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
@@ -117,11 +131,11 @@ def test_grammar_and_penalty_rows_read_the_drafts_at_each_position(tiny_model) -
         assert done.accepted_tokens > 0
 
 
-def test_rows_join_and_leave_beside_plain_rows(tiny_model) -> None:
+def test_rows_join_and_leave_beside_plain_rows(lm) -> None:
     """Rows join one after another (each prefilled into the draft's batch cache), end at
     different lengths (filtered out of it), and a plain row runs beside them."""
-    model, tok = _load(tiny_model, "llama")
-    draft, _ = _load(tiny_model, "llama")
+    model, tok = lm("llama")
+    draft, _ = lm("llama", copy=1)
     prompts = [tok.encode(t) for t in [*TEXTS, "one more prompt that is plain"]]
     lengths = [12, 30, 20, 25]
     plain = _run(model, [_req(p, n) for p, n in zip(prompts, lengths, strict=True)])
@@ -133,8 +147,8 @@ def test_rows_join_and_leave_beside_plain_rows(tiny_model) -> None:
         assert (done.drafted_tokens > 0) == (spec is not None)
 
 
-def test_without_a_draft_model_the_request_is_refused(tiny_model) -> None:
-    model, tok = _load(tiny_model, "llama")
+def test_without_a_draft_model_the_request_is_refused(lm) -> None:
+    model, tok = lm("llama")
     engine = Engine(model)
     try:
         with pytest.raises(ValueError, match="no draft model"):
@@ -143,9 +157,9 @@ def test_without_a_draft_model_the_request_is_refused(tiny_model) -> None:
         engine.close()
 
 
-def test_a_sliding_window_draft_is_refused_with_the_reason(tiny_model) -> None:
-    model, tok = _load(tiny_model, "qwen3")
-    draft, _ = _load(tiny_model, "gemma3")
+def test_a_sliding_window_draft_is_refused_with_the_reason(lm) -> None:
+    model, tok = lm("qwen3")
+    draft, _ = lm("gemma3")
     engine = Engine(model, draft_model=draft)
     try:
         with pytest.raises(ValueError, match="RotatingKVCache"):
@@ -154,19 +168,19 @@ def test_a_sliding_window_draft_is_refused_with_the_reason(tiny_model) -> None:
         engine.close()
 
 
-def test_a_draft_with_a_larger_vocabulary_is_refused(tiny_model) -> None:
+def test_a_draft_with_a_larger_vocabulary_is_refused(lm, tiny_model) -> None:
     """Its greedy ids could fall outside the model's embedding."""
     from mlxd.engine.speculate.draft_model import draft_refusal
 
-    model, _ = _load(tiny_model, "llama")
-    draft, _ = _load(tiny_model, "llama")
+    model, _ = lm("llama")
+    draft, _ = _load(tiny_model, "llama")  # its own: changed below
     assert draft_refusal(draft, model) is None
     draft.args.vocab_size = model.args.vocab_size + 64
     assert "vocabulary" in (draft_refusal(draft, model) or "")
 
 
 @pytest.mark.parametrize("drains", [True, False], ids=["cpu-drain", "cuda-no-drain"])
-def test_a_lone_row_whose_drafts_do_not_pay_takes_the_serial_step(tiny_model, monkeypatch, drains):
+def test_a_lone_row_whose_drafts_do_not_pay_takes_the_serial_step(lm, monkeypatch, drains):
     """Priced out (a verify step costs eight plain ones), the lone drafting row stops
     drafting, and after GIVE_UP plain steps leaves its batch for the serial step: the same
     greedy tokens as without speculation. Also where a plain batch's last row stays batched
@@ -177,8 +191,8 @@ def test_a_lone_row_whose_drafts_do_not_pay_takes_the_serial_step(tiny_model, mo
 
     monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, width: 8.0)
     monkeypatch.setattr(engine_module, "drain_keeps_bits", lambda attention: drains)
-    model, tok = _load(tiny_model, "llama")
-    draft, _ = _load(tiny_model, "llama")
+    model, tok = lm("llama")
+    draft, _ = lm("llama", copy=1)
     prompt = tok.encode(TEXTS[1])
     n = drafting.GIVE_UP + 20
     ((want, _, _),) = _run(model, [_req(prompt, n)])
