@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -41,11 +41,7 @@ class Ticket:
     def release(self) -> None:
         a, self._arrivals = self._arrivals, None
         if a is not None:
-            with a.lock:
-                a.pending -= 1
-            for wake in list(a.wakes):  # an engine may be waiting for this one
-                with wake:
-                    wake.notify()
+            a.released()
 
 
 class Arrivals:
@@ -63,6 +59,8 @@ class Arrivals:
         self.ends: deque[float] = deque()
         # The engines' admission conditions (weakly: an unloaded model's engine goes).
         self.wakes: weakref.WeakSet[threading.Condition] = weakref.WeakSet()
+        # Told each came / released / replied: engines in other processes mirror this one.
+        self.listeners: list[Callable[[str], None]] = []
 
     def attach(self, wake: threading.Condition) -> None:
         self.wakes.add(wake)
@@ -81,11 +79,26 @@ class Arrivals:
         with self.lock:
             self.pending += 1
             self._note(self.comings)
+        self._tell("came")
+
+    def released(self) -> None:
+        """A ticket was released (its request submitted, or its handling failed)."""
+        with self.lock:
+            self.pending -= 1
+        for wake in list(self.wakes):  # an engine may be waiting for this one
+            with wake:
+                wake.notify()
+        self._tell("released")
 
     def replied(self) -> None:
         """A reply ended normally (a turn that may come back)."""
         with self.lock:
             self._note(self.ends)
+        self._tell("replied")
+
+    def _tell(self, kind: str) -> None:
+        for listener in self.listeners:
+            listener(kind)
 
     def _note(self, times: deque[float]) -> None:
         now = time.perf_counter()

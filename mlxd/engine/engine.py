@@ -147,16 +147,28 @@ class Engine:
         return self.rows.step_model()
 
     # any thread
-    def submit(self, req: GenerationRequest, arrival: Ticket | None = None) -> RequestHandle:
+    # `handle(s)`: the caller's own RequestHandle subclass (an engine process forwards events).
+    def submit(
+        self,
+        req: GenerationRequest,
+        arrival: Ticket | None = None,
+        handle: RequestHandle | None = None,
+    ) -> RequestHandle:
         """`arrival`: the request's ticket from a server's `arrivals`, released as it queues."""
-        return self._submit([req], [RequestHandle()], arrival)[0]
+        return self._submit([req], [handle or RequestHandle()], arrival)[0]
 
-    def submit_many(self, reqs: list[GenerationRequest]) -> list[RequestHandle]:
+    def submit_many(
+        self, reqs: list[GenerationRequest], handles: list[RequestHandle] | None = None
+    ) -> list[RequestHandle]:
         """Submit requests atomically: admitted in one round, they share one batch composition."""
-        return self._submit(reqs, [RequestHandle() for _ in reqs])
+        return self._submit(reqs, handles or [RequestHandle() for _ in reqs])
 
     def submit_n(
-        self, req: GenerationRequest, n: int, arrival: Ticket | None = None
+        self,
+        req: GenerationRequest,
+        n: int,
+        arrival: Ticket | None = None,
+        handles: list[RequestHandle] | None = None,
     ) -> list[RequestHandle]:
         """`n` rows sampled from one prompt that is prefilled once (OpenAI's `n`). With a
         seed, row i samples from the stream of seed + i."""
@@ -167,7 +179,7 @@ class Engine:
         if n > 1 and (why := batchable(req, self.config)) is not None:
             raise ValueError(f"n > 1 needs the batched step, and {why}")
         req.n = n
-        handles = [RequestHandle() for _ in range(n)]
+        handles = handles or [RequestHandle() for _ in range(n)]
         groups = self.rows.groups
         groups[id(handles[0])] = handles[1:]  # before the engine can see the request
         self.adapters.acquire_siblings(req, handles[1:])  # counted before any can end
@@ -196,6 +208,10 @@ class Engine:
         """KeyError if unknown; ValueError while a live or queued row uses it."""
         with self.driver.lock:
             self.adapters.unload(name)
+
+    def set_kv_budget(self, budget: int | None) -> None:
+        """A new KV budget (a server's --memory-budget after an adapter load or unload)."""
+        self.kv_budget = self.admission.kv_budget = budget
 
     def adapter_names(self) -> list[str]:
         return self.adapters.names()

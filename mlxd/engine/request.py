@@ -77,6 +77,9 @@ class GenerationRequest:
     tokenizer: Any = None
     speculation: Speculation | None = None  # draft and verify several tokens a step
     adapter: str | None = None  # the name of an adapter loaded in the engine; None: the base
+    # The grammar's Constraint (mlxd.constrain) behind a processor in `logits_processors`: what
+    # an engine in another process rebuilds that processor from. The engine here ignores it.
+    constraint: Any = None
     # set by the engine at submit: its adapters, which each model call of this row sets first
     adapter_slots: "EngineAdapters | None" = field(default=None, repr=False, compare=False)
 

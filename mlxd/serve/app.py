@@ -295,6 +295,10 @@ async def unload_model(request: Request) -> JSONResponse:
 
 async def health(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.mlxd
-    if all(served.engine.alive for served in state.provider.loaded()):
+    loaded = state.provider.loaded()
+    if all(served.engine.alive for served in loaded):
         return JSONResponse({"status": "ok", "uptime_s": round(time.time() - state.started, 1)})
-    return JSONResponse({"status": "unavailable"}, status_code=503)
+    # An engine process restarting after a crash says why; the server keeps serving the rest.
+    reasons = {s.name: getattr(s.engine, "down_reason", None) or "stopped"
+               for s in loaded if not s.engine.alive}  # fmt: skip
+    return JSONResponse({"status": "degraded", "reasons": reasons}, status_code=503)

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ..engine.embed import TooManyDimensions, embed, vocab_size
+from ..engine.embed import TooManyDimensions, embed
 from ..model.pooling import Pooling, pooling_of
 from .errors import APIError, bad_request, read_json
 from .metrics import note_model
@@ -80,7 +80,7 @@ def token_lists(served: Served, req: EmbeddingRequest) -> list[list[int]]:
         ids = [served.tokenizer.encode(text) for text in req.inputs]  # type: ignore[arg-type]
     else:
         ids = [list(item) for item in req.inputs]  # type: ignore[arg-type]
-        vocab = vocab_size(served.model, served.tokenizer)
+        vocab = served.facts.embed_vocab
         for i, item in enumerate(ids):
             if bad := [t for t in item if not 0 <= t < vocab]:
                 raise bad_request(
@@ -130,9 +130,12 @@ async def embeddings(request: Request) -> JSONResponse:
 
     def run() -> tuple[list[list[float]], int]:
         ids = token_lists(served, req)
-        lock = served.engine.driver.lock  # no engine turn runs MLX work beside this forward
         try:
-            vectors = embed(served.model, ids, pooling(served), req.dimensions, lock)
+            if served.model is None:  # the engine's process runs the forward
+                vectors = served.engine.embed(ids, pooling(served), req.dimensions)
+            else:  # no engine turn runs MLX work beside this forward (its turn lock)
+                vectors = embed(served.model, ids, pooling(served), req.dimensions,
+                                served.engine.driver.lock)  # fmt: skip
         except TooManyDimensions as e:
             raise bad_request(str(e), "dimensions") from e
         except ValueError as e:

@@ -21,6 +21,7 @@ _TYPES = {
     413: ("invalid_request_error", "request_too_large"),
     429: ("rate_limit_error", "rate_limit_error"),
     500: ("server_error", "api_error"),
+    502: ("server_error", "api_error"),  # an engine process died under the request
     503: ("server_error", "overloaded_error"),
 }
 

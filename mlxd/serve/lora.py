@@ -155,7 +155,7 @@ class Loras:
         engine, served = self.engine, self.provider.default
         held = sum(engine.adapter_bytes(n) for n in engine.adapter_names())
         budget = kv_budget_from(self.config, served.weight_bytes, held)
-        engine.kv_budget = engine.admission.kv_budget = budget
+        engine.set_kv_budget(budget)
 
 
 def _text(body: dict[str, Any], key: str) -> str:

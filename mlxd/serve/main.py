@@ -16,7 +16,6 @@ from .log_format import configure
 from .metrics import Metrics
 from .port import port_problem
 from .provider import ModelProvider
-from .speculation import model_refusal as spec_refusal
 
 log = logging.getLogger("mlxd.serve")
 
@@ -39,9 +38,10 @@ def make_state(config: ServeConfig, scan: Callable[[], list[str]] | None = None)
     except BaseException:
         provider.close()
         raise
-    why = spec_refusal(provider.default.model) if config.speculative != "off" else None
+    facts = provider.default.facts
+    why = facts.spec_refusal if config.speculative != "off" else None
     if config.speculative == "draft" and why is None:
-        why = draft_refusal(provider.default.draft, provider.default.model)
+        why = facts.draft_refusal or (None if config.draft_model else draft_refusal(None))
     if why is not None:
         provider.close()
         raise ModelLoadError(f"--speculative {config.speculative}: {why}")

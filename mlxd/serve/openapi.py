@@ -62,7 +62,7 @@ OK: dict[str, dict[str, Any]] = {
                        deleted={"const": True}),
     "model": _object("id", "object", id=_STR, object={"const": "model"}),
     "models": _object("object", "data", object={"const": "list"}, data={"type": "array"}),
-    "health": _object("status", status={"enum": ["ok", "unavailable"]}),
+    "health": _object("status", status={"enum": ["ok", "degraded"]}),
 }  # fmt: skip
 
 

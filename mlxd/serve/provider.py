@@ -22,30 +22,34 @@ import logging
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..config import DEFAULT_MODEL_NAME, ServeConfig
-from ..engine import Engine
 from ..engine.arrivals import Arrivals
 from ..engine.request import Speculation
-from ..kv import mixed
-from ..kv.schemes import unsupported
-from ..model import ModelLoadError, load
-from ..model.folded_attention import is_folded, is_fused
-from ..model.folded_attention import unsupported as unfoldable
-from ..model.fused_projections import stack_in_place
+from ..model import ModelLoadError
 from ..model.resolve import cached_repo, resolve_model
-from .budget import hold_to_budget, kv_budget_from, make_store
+from .budget import hold_to_budget
 from .errors import APIError, bad_request
+from .loading import (
+    ModelFacts,
+    build_engine,
+    draft_facts,
+    draft_names,
+    kv_config_of,
+    load_draft,
+    load_model,
+    loaded_as,
+)
 from .lora import Loras
 from .pool import RETRY_S, Entry, Pool, busy
 from .pool_specs import ModelSpec, specs_from
+from .process import remote_served
 
 log = logging.getLogger("mlxd.serve")
 
@@ -58,14 +62,18 @@ class Served:
     """A loaded model as the server uses it."""
 
     name: str  # the id /v1/models lists
-    model: Any
+    model: Any  # None where the engine runs in its own process (process/)
     tokenizer: TokenizerWrapper
-    engine: Engine
+    engine: Any  # an Engine, or a process/RemoteEngine with the methods the server calls
     context_length: int | None  # max_position_embeddings, when the config says
-    weight_bytes: int
+    facts: ModelFacts
     draft_names: tuple[str, ...] = ()  # the names of its draft model (--draft-model), if any
-    draft: Any = None  # that draft model
+    draft: Any = None  # that draft model (in this process)
     adapter: str | None = None  # the LoRA adapter its rows run with (lora.py), by name
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.facts.weight_bytes
 
     def draft_speculation(self, p: Any, config: Any) -> Speculation | None:
         """mlx_lm.server's `draft_model` field (`p.draft_model`, default "default_model"):
@@ -137,10 +145,7 @@ class ModelProvider:
         self.config = config = config.resolved()
         self.max_others = max_others  # request-named adapters over a model (`adapters`)
         self._lock = threading.Lock()
-        try:  # --kv-config: every row's per-layer KV scheme
-            self.kv_config = mixed.from_flags(config.kv_config, config.kv_bits)
-        except ValueError as e:
-            raise ModelLoadError(str(e)) from e
+        self.kv_config = kv_config_of(config)  # --kv-config: every row's per-layer KV scheme
         # Requests on their way to any engine here (engine/arrivals.py: the join window).
         self.arrivals = Arrivals(config.join_window)
         specs = specs_from(config, scan)
@@ -151,7 +156,8 @@ class ModelProvider:
         self._default = self.pool.entries[first.name]
         self._fell_back: set[str | None] = set()
         self._others: collections.OrderedDict[tuple, Served] = collections.OrderedDict()
-        self._limit_before = hold_to_budget(config)  # once the budget is known to hold the weights
+        # once the budget is known to hold the weights (an engine process sets its own)
+        self._limit_before = hold_to_budget(config) if config.isolation != "process" else None
         try:
             self.pool.acquire(self._default)  # the default model loads at start-up
         except APIError as e:  # what a request would get: at start-up, the one-line error
@@ -172,87 +178,42 @@ class ModelProvider:
         """Put `served` in the default model's place (an embedder's own engine or model)."""
         self._default.served = served
 
-    def _tokenizer_config(self) -> dict[str, Any]:
-        c = self.config
-        config: dict[str, Any] = {"trust_remote_code": True} if c.trust_remote_code else {}
-        if c.chat_template:
-            config["chat_template"] = c.chat_template
-        return config
-
     def _load_spec(self, spec: ModelSpec, held: int) -> Served:
         """Load a pool model (`held`: bytes of weights the other loaded models hold)."""
         default = spec is self._default.spec
         folder = Path(spec.path) if spec.requested and spec.path else None
         adapter = self.config.adapter_path if default else None
-        served = self._load(spec.path, adapter, folder, held)
+        draft = self.config.draft_model if default else None
+        served = self._load(spec.path, adapter, folder, held, draft)
         served.name = spec.name
-        if default and self.config.draft_model is not None:
-            try:
-                self._load_draft(served, self.config.draft_model)
-            except BaseException:
-                close_served(served)  # its thread and store go with the failed load
-                raise
         return served
 
     def _load(
-        self, ref: str | None, adapter: str | None, folder: Path | None = None, held: int = 0
+        self,
+        ref: str | None,
+        adapter: str | None,
+        folder: Path | None = None,
+        held: int = 0,
+        draft: str | None = None,
     ) -> Served:
+        """`draft`: --draft-model's reference, loaded beside it."""
         c = self.config
         folder = folder or resolve_model(ref)
-        model, tokenizer = load(
-            str(folder),
-            tokenizer_config=self._tokenizer_config(),
-            adapter_path=adapter,
-            trust_remote_code=c.trust_remote_code,
-        )[:2]
-        if c.use_default_chat_template and tokenizer.chat_template is None:
-            tokenizer.chat_template = tokenizer.default_chat_template
-        if self.kv_config is not None:
+        name = loaded_as(ref)
+        if c.isolation == "process":
+            return remote_served(c, name, folder, adapter, held, draft, self.arrivals)
+        model, tokenizer = load_model(c, folder, adapter)
+        engine, facts = build_engine(c, model, tokenizer, folder, adapter, held, self.arrivals)
+        served = Served(name, model, tokenizer, engine, context_length(folder), facts)
+        if draft is not None:
             try:
-                mixed.check(model, self.kv_config, c.engine.max_kv_size)
-            except ValueError as e:
-                raise ModelLoadError(f"{folder}: --kv-config: {e}") from e
-        # Sliding-window layers are quantized too (quantize_windows): only a kv_config naming
-        # a layer that holds no keys and values is refused.
-        if (why := unsupported(model, self.kv_config, c.engine.max_kv_size)) is not None:
-            raise ModelLoadError(f"{folder}: {why}")
-        attention = c.engine.attention
-        if is_folded(attention) and (why := unfoldable(model, attention)):
-            raise ModelLoadError(f"{folder}: {why}")
-        weights = 0
-        if is_fused(attention) or c.engine.decode_fused:
-            weights += stack_in_place(model)  # before any engine holds those weights; copies
-            # only where a layer's slice of a stack would start off MLX's alignment
-        weights += sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-        # Each engine's KV budget: what every loaded model's weights leave of --memory-budget.
-        kv_budget = kv_budget_from(c, weights + held)
-        store, namespace = make_store(c, folder, adapter, kv_budget)
-        engine = Engine(
-            model,
-            config=replace(c.engine, kv_budget=kv_budget),
-            tokenizer=tokenizer,
-            prefix_store=store,
-            namespace=namespace,
-            arrivals=self.arrivals,
-        )
-        if c.kv_bits is not None:
-            engine.announce_scheme(c.kv_bits, c.kv_group_size)
-        name = ref if ref is not None else DEFAULT_MODEL_NAME
-        ctx = context_length(folder)
-        return Served(name, model, tokenizer, engine, ctx, weights)
-
-    def _load_draft(self, served: Served, ref: str) -> None:
-        """--draft-model, loaded as the model is (same errors); mlx_lm.server's warning when
-        the vocabularies differ."""
-        folder = resolve_model(ref)
-        draft, tokenizer = load(str(folder), tokenizer_config=self._tokenizer_config(),
-                                trust_remote_code=self.config.trust_remote_code)[:2]  # fmt: skip
-        if tokenizer.vocab_size != served.tokenizer.vocab_size:
-            log.warning("Draft model tokenizer does not match model tokenizer. "
-                        "Speculative decoding may not work as expected.")  # fmt: skip
-        served.engine.use_draft(draft)
-        served.draft = draft
-        served.draft_names = tuple(dict.fromkeys([ref, str(folder)]))
+                served.draft = load_draft(c, engine, model, tokenizer, draft)
+            except BaseException:
+                close_served(served)  # its thread and store go with the failed load
+                raise
+            draft_facts(facts, served.draft, model)
+            served.draft_names = draft_names(draft)
+        return served
 
     def serves(self, name: str | None) -> bool:
         """`name` is one of the default model's names or aliases."""

@@ -47,7 +47,7 @@ def build_request(
                 "messages",
             )
         max_tokens = min(max_tokens, ctx - n_prompt)  # what fits; the rest could never run
-    vocab = served.model.args.vocab_size if hasattr(served.model, "args") else None
+    vocab = served.facts.vocab
     if vocab is not None and p.logit_bias and any(not 0 <= t < vocab for t in p.logit_bias):
         raise bad_request(f"logit_bias token ids must be in [0, {vocab})", "logit_bias")
     if vocab is not None and (bad := [t for t in prompt.tokens if not 0 <= t < vocab]):
@@ -85,6 +85,7 @@ def build_request(
         sampling=sampling,
         # The grammar masks last, after mlx-lm's bias and penalties (its processor order).
         logits_processors=None if grammar is None else [*sampling.processors(), grammar],
+        constraint=p.constraint,
         seed=p.seed,
         logprob=p.logprobs,
         top_logprobs=max(p.top_logprobs, 0),

@@ -86,7 +86,7 @@ def row_speculation(served: Any, p: Any, config: Any, max_tokens: int) -> Specul
         spec = Speculation(mode="ngram", max_draft=k)
     else:
         return None
-    if (why := model_refusal(served.model)) is None:
+    if (why := served.facts.spec_refusal) is None:
         return spec
     raise bad_request(why, "prediction" if p.prediction is not None else "speculative")
 
