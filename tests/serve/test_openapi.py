@@ -60,6 +60,15 @@ def test_a_wrong_method_is_405_with_allow(qwen3_server, path, shape) -> None:
     assert ("error" in body and body.get("type") == "error") == (shape == "anthropic"), body
 
 
+# Where a length is optional (/v1/messages requires max_tokens: a case without one is negative).
+OPTIONAL_LENGTH = {
+    "/v1/chat/completions": "max_tokens",
+    "/chat/completions": "max_tokens",
+    "/v1/completions": "max_tokens",
+    "/v1/responses": "max_output_tokens",
+}
+
+
 def _shrink(case: Any) -> None:
     """Short generations, and no model name that means loading one."""
     body = case.body
@@ -70,8 +79,8 @@ def _shrink(case: Any) -> None:
         v = body.get(key)
         if isinstance(v, int | float) and not isinstance(v, bool) and v > 4:
             body[key] = 4
-    if not any(key in body for key in keys):  # not the default 512: the same answer's shape
-        body["max_output_tokens" if case.path == "/v1/responses" else "max_tokens"] = 4
+    if case.path in OPTIONAL_LENGTH and not any(key in body for key in keys):
+        body[OPTIONAL_LENGTH[case.path]] = 4  # not the default 512: the same answer's shape
     if "/v1/messages" in case.path:
         body["model"] = "m" if "model" in body else body.get("model")
     else:
