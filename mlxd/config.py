@@ -310,7 +310,10 @@ class _Names(argparse.Action):
     def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
         if any(not v or "\x00" in v for v in values):
             parser.error(f"{option}: a name is non-empty text")
-        setattr(namespace, self.dest, list(values))
+        setattr(namespace, self.dest, self.joined(namespace, list(values)))
+
+    def joined(self, namespace: Any, values: list[str]) -> list[str]:
+        return values
 
 
 class _Model(argparse.Action):
@@ -323,17 +326,11 @@ class _Model(argparse.Action):
             namespace.models = [*(getattr(namespace, "models", None) or []), values]
 
 
-class _Models(argparse.Action):
+class _Models(_Names):
     """`--models NAME [NAME ...]` or `--models auto`, added to any repeated --model."""
 
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-        kwargs.setdefault("default", [])
-        super().__init__(option_strings, dest, nargs="+", metavar="NAME", **kwargs)
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
-        if any(not v or "\x00" in v for v in values):
-            parser.error(f"{option}: a name is non-empty text")
-        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), *values])
+    def joined(self, namespace: Any, values: list[str]) -> list[str]:
+        return [*(getattr(namespace, self.dest, None) or []), *values]
 
 
 def lora_module(text: str) -> tuple[str, str]:

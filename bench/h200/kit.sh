@@ -10,6 +10,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_31_x86_64 -d .whlB/extra llguidance==1.9.1
 # The extras and the tokenizer ride in .whlE, beside .whlB in call 2 (setup.sh puts them in place).
 rm -rf .whlE && mv .whlB/extra .whlE
+# The engine process's IPC (pyzmq's abi3 wheel, msgspec).
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whlE pyzmq==27.3.0 msgspec==0.20.0
 # py-spy for ops.sh (samples the server's threads and the GIL holder).
 python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 -d .whlE \
   py-spy==0.4.3

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import LiveServer, start_server
+from serve.conftest import LiveServer, start_server
 from serve.test_metrics import delta, scrape
 
 from mlxd.model import ModelLoadError

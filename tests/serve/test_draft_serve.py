@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import LiveServer, start_server
+from serve.conftest import LiveServer, start_server
 from test_mlx_lm_server_parity import _comparable, _post, run_mlx_lm_server
 
 CHAT = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12}

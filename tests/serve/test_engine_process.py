@@ -141,3 +141,37 @@ def test_health_and_metrics_read_the_child(pair) -> None:
     text = httpx.get(child.url + "/metrics").text
     assert 'mlxd_lora_adapters_loaded{model="' in text
     assert "mlxd_prefix_store_lookups" in text
+
+
+def test_two_models_serve_at_once_each_in_its_own_process(tiny_model, tmp_path: Path) -> None:
+    """A pool of two: each model's engine is a process of its own, both answer as the model's
+    in-process server does, and unloading one ends its process and leaves the other."""
+    dirs = {"qwen": tiny_model("qwen3"), "llama": tiny_model("llama")}
+    entries = [{"name": k, "path": str(v)} for k, v in dirs.items()]
+    (tmp_path / "models.json").write_text(json.dumps(entries))
+    live = start_server(model=None, models_file=str(tmp_path / "models.json"),
+                        data_dir=str(tmp_path / "data"), isolation="process")  # fmt: skip
+    body = {"messages": MESSAGES, "max_tokens": 6, "logprobs": True, "temperature": 0.0}
+    try:
+        answers = {k: _answer(httpx.post(live.v1 + "/chat/completions", timeout=60,
+                                         json={**body, "model": k})) for k in dirs}  # fmt: skip
+        engines = {s.name: s.engine for s in live.state.provider.loaded()}
+        assert set(engines) == set(dirs)
+        pids = {k: e.proc.pid for k, e in engines.items()}
+        assert len(set(pids.values())) == 2
+        r = httpx.post(live.v1 + "/models/unload", json={"model": "llama"}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert engines["llama"].proc.proc.poll() is not None  # its process has ended
+        assert engines["qwen"].proc.proc.poll() is None
+    finally:
+        live.stop()
+    for key, folder in dirs.items():  # the references: each model's in-process server
+        ref = start_server(model=str(folder), data_dir=str(tmp_path / f"ref-{key}"))
+        try:
+            want = _answer(httpx.post(ref.v1 + "/chat/completions", timeout=60,
+                                      json={**body, "model": str(folder)}))  # fmt: skip
+        finally:
+            ref.stop()
+        got = answers[key]
+        assert got[0] == want[0] == 200
+        assert got[1]["choices"] == want[1]["choices"] and got[1]["usage"] == want[1]["usage"]

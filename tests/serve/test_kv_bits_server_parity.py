@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import LiveServer, start_server
+from serve.conftest import LiveServer, start_server
 from test_mlx_lm_server_parity import _comparable, _post, run_mlx_lm_server
 
 FLAGS = {"kv_bits": 4, "kv_group_size": 32, "quantized_kv_start": 8}

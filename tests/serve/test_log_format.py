@@ -31,7 +31,7 @@ def test_json_formatter_fields_and_traceback() -> None:
 
 def _serve(model: Path, data: Path, *flags: str) -> tuple[list[str], list[httpx.Response]]:
     """Run `mlxd serve` with `flags`, send a good and a bad request, stop it: its stderr lines."""
-    from conftest import free_port, wait_healthy
+    from serve.conftest import free_port, wait_healthy
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import LiveServer, free_port, start_server, wait_healthy
+from serve.conftest import LiveServer, free_port, start_server, wait_healthy
 
 # Fields that legitimately differ: ids, timestamps, the fingerprint, mlxd's additions.
 VOLATILE = {"id", "created", "system_fingerprint"}

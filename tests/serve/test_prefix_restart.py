@@ -98,7 +98,7 @@ def test_sigterm_flushes_the_disk_tier(qwen3_model_dir: Path, tmp_path: Path) ->
     import subprocess
     import sys
 
-    from conftest import free_port, wait_healthy
+    from serve.conftest import free_port, wait_healthy
 
     port = free_port()
     cmd = [sys.executable, "-m", "mlxd", "serve", "--model", str(qwen3_model_dir)]

@@ -4,7 +4,7 @@ Each request costs seconds on a CPU, so the file keeps to three."""
 
 import openai
 import pytest
-from conftest import LiveServer
+from serve.conftest import LiveServer
 from transformers import AutoTokenizer
 
 from mlxd.model.default import default_model_path
