@@ -764,6 +764,10 @@ class ServeConfig:
         help="json: every log line is one JSON object (time, level, logger, message and a "
         "request line's fields), for log collectors (default: text)",
     )  # fmt: skip
+    no_ui: bool = flag(False,
+        "--no-ui", group=SERVER, action="store_true",
+        help="serve no chat page at / and no dashboard at /dashboard (the API only)",
+    )  # fmt: skip
     access_log: bool = flag(False,
         "--access-log", group=SERVER, action="store_true",
         help="also log uvicorn's access line per request (off: mlxd's own request line has "

@@ -97,6 +97,11 @@ def build_app(state: ServerState) -> FastAPI:
     responses_api.add_routes(app, state)
     metrics.add_routes(app)
     lora.add_routes(app)
+    if not state.config.no_ui:  # the chat page and the live dashboard (static files, no key)
+        from . import dashboard, ui
+
+        ui.add_routes(app)
+        dashboard.add_routes(app)
     pool_routes = {"/v1/models/load": load_model, "/v1/models/unload": unload_model}
     for path, endpoint in pool_routes.items():  # llama.cpp's router paths too
         for route in (path, path.removeprefix("/v1")):
@@ -133,10 +138,12 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 class APIKeyMiddleware:
-    """`--api-key`: every endpoint but /health needs `Authorization: Bearer KEY` or Anthropic's
-    `x-api-key: KEY`; a wrong or missing key is a 401 in the API's shape. CORS preflights pass."""
+    """`--api-key`: every endpoint but /health and the pages' static files needs
+    `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`; a wrong or missing key is a
+    401 in the API's shape. CORS preflights pass. The pages ask for the key and send it."""
 
-    OPEN_PATHS = {"/health"}
+    OPEN_PATHS = {"/health", "/", "/dashboard"}
+    OPEN_PREFIX = "/ui/"  # the pages' scripts, styles and vendored libraries
 
     def __init__(self, app, key: str | None) -> None:
         self.app, self.key = app, key
@@ -149,7 +156,10 @@ class APIKeyMiddleware:
         return key.decode("latin-1").strip() if key is not None else None
 
     async def __call__(self, scope, receive, send) -> None:
-        if self.key is None or scope["type"] != "http" or scope["path"] in self.OPEN_PATHS:
+        path = scope.get("path", "")
+        if self.key is None or scope["type"] != "http" or path in self.OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        if path.startswith(self.OPEN_PREFIX) and scope["method"] in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
         if scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
