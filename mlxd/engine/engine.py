@@ -41,6 +41,7 @@ from .rng import repair_key
 from .rows import Rows
 from .scheduler import Scheduler
 from .serial import validate
+from .snapshot import rows_snapshot
 from .speculate.draft_model import draft_refusal
 from .speculate.drafting import drafts_in_batch, model_drafts, refusal
 
@@ -299,6 +300,10 @@ class Engine:
                 "kv_bytes_per_token": self.kv_bytes_per_token(),
                 "paths": dict(self.paths),
             }
+
+    def rows_snapshot(self) -> list[dict[str, Any]]:
+        """Each running row and waiting request, as plain values (snapshot.py)."""
+        return rows_snapshot(self)
 
     def announce_scheme(self, bits: int, group_size: int) -> None:
         """A KV scheme to report in stats before any request uses it (a server's --kv-bits)."""

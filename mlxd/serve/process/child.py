@@ -160,6 +160,9 @@ class Child:
         store = sharing.store.stats() if sharing is not None else None
         return {"engine": self.engine.stats(), "store": store}
 
+    def call_rows(self) -> list[dict[str, Any]]:
+        return self.engine.rows_snapshot()
+
     def call_drain_s(self) -> float | None:
         return self.engine.admission.drain_s()
 

@@ -264,6 +264,13 @@ class RemoteEngine:
     def stats(self) -> dict[str, Any]:
         return self.stats_all()["engine"]
 
+    def rows_snapshot(self) -> list[dict[str, Any]]:
+        """The process's rows (engine/snapshot.py); none while it restarts."""
+        try:
+            return self.call("rows", timeout=self.stats_timeout_s)
+        except Exception:  # noqa: BLE001 - restarting or gone
+            return []
+
     @property
     def alive(self) -> bool:
         return self.down_reason is None and not self.closing
