@@ -4,11 +4,12 @@ import argparse
 import sys
 
 from ..model.errors import ModelLoadError
-from . import bench, config, convert, generate, models, serve
+from . import bench, chat, config, convert, generate, models, serve
 from .version import VersionAction
 
 SUBCOMMANDS = {
     "generate": generate,
+    "chat": chat,
     "serve": serve,
     "convert": convert,
     "bench": bench,
