@@ -69,6 +69,8 @@ function seconds(v) {
 // A line over the last `span` seconds ending at `now`; null values break the line and are
 // skipped (a TTFT only exists where a request got its first token).
 function plot(svg, points, field, now, span, fmt) {
+  // The first minutes fill the width instead of a sliver at its right edge.
+  span = points.length ? Math.min(span, Math.max(60, now - points[0].t)) : span;
   const W = 600, H = 160, top = 14, bottom = 4;
   const vals = points.map((p) => p[field]).filter((v) => v !== null && v !== undefined);
   const max = Math.max(1e-9, ...vals) * 1.1;
@@ -105,7 +107,15 @@ function plot(svg, points, field, now, span, fmt) {
   const label = svgEl("text", { x: 4, y: 11 });
   label.textContent = vals.length ? `max ${fmt(Math.max(...vals))}` : "no data yet";
   svg.append(label);
+  const left = svgEl("text", { x: 4, y: H - 6 });
+  left.textContent = `-${seconds(span)}`;
+  svg.append(left);
   svg.dataset.points = String(drawn);
+}
+
+// A local folder's last part (its full path in the tooltip); a repo id as it is.
+function shortName(name) {
+  return /^[/.~]/.test(name) ? name.replace(/\/+$/, "").split("/").pop() : name;
 }
 
 function cell(text, cls) {
@@ -119,10 +129,12 @@ function renderRows(models) {
     for (const r of m.rows) {
       const state = el("span", { class: `state state-${r.state}` }, r.state);
       const gen = r.state === "waiting" ? "–" : `${r.generated_tokens} / ${r.max_tokens}`;
-      const prompt = r.cached_tokens ? `${r.prompt_tokens} (${r.cached_tokens} cached)` : r.prompt_tokens;
+      const cached = r.cached_tokens ? ` (${r.cached_tokens} cached)` : "";
+      const speed = r.state === "decode" ? num(r.tokens_per_s) : "–";
       const tr = el("tr", { "data-model": m.name, "data-state": r.state, "data-row": r.id },
-        cell(m.name), cell(String(r.id).slice(-6), "muted"), el("td", {}, state), cell(prompt, "num"),
-        cell(gen, "num"), cell(r.state === "decode" ? num(r.tokens_per_s) : "–", "num"),
+        el("td", { class: "name", title: m.name }, shortName(m.name)),
+        cell(String(r.id).slice(-6), "muted"), el("td", {}, state),
+        cell(`${r.prompt_tokens}${cached}`, "num"), cell(gen, "num"), cell(speed, "num"),
         cell(seconds(r.age_s), "num"), cell(seconds(r.ttft_s), "num"), cell(r.adapter || "–"),
         cell(r.speculation || "–"));
       trs.push(tr);
@@ -153,24 +165,34 @@ function stats(pairs) {
 function renderModel(m) {
   const mem = m.memory;
   const kv = m.kv;
-  const head = el("h3", {}, m.name, el("span", { class: "muted" },
-    `${m.running} running · ${m.waiting} waiting · ${num(m.tokens_per_s)} tok/s`));
+  const counts = `${m.running} running · ${m.waiting} waiting · ${num(m.tokens_per_s)} tok/s`;
+  const head = el("h3", { title: m.name }, el("span", { class: "name" }, shortName(m.name)),
+    el("span", { class: "muted" }, counts));
   const card = el("article", { class: "card model", "data-model": m.name }, head);
-  if (!m.alive) card.append(el("p", { class: "error" }, `engine down: ${m.down_reason || "stopped"}`));
-  card.append(meter("memory: weights + KV reserved",
+  if (!m.alive) {
+    card.append(el("p", { class: "error" }, `engine down: ${m.down_reason || "stopped"}`));
+  }
+  const kvKind = kv.budget_bytes ? "reserved" : "in use";
+  card.append(meter(`memory: weights + KV ${kvKind}`,
     [["seg-weights", mem.weight_bytes], ["seg-kv", mem.kv_bytes]], mem.total_bytes,
     `${bytes(mem.weight_bytes)} + ${bytes(mem.kv_bytes)} = ${bytes(mem.total_bytes)}`));
   const budget = kv.budget_bytes;
-  card.append(meter("KV budget used", [["seg-kv", kv.reserved_bytes]], budget || 0,
-    budget ? `${bytes(kv.reserved_bytes)} of ${bytes(budget)} (${num((100 * kv.reserved_bytes) / budget)}%)`
-      : `${bytes(kv.reserved_bytes)} (no budget)`));
+  if (budget) {
+    const pct = num((100 * kv.reserved_bytes) / budget);
+    card.append(meter("KV budget used", [["seg-kv", kv.reserved_bytes]], budget,
+      `${bytes(kv.reserved_bytes)} of ${bytes(budget)} (${pct}%)`));
+  } else {
+    const used = `in use ≈ ${bytes(kv.in_use_bytes)}`;
+    card.append(meter("KV budget used: no budget set", [], 0, used));
+  }
   const s = m.store;
   if (s) {
     const rate = s.lookups ? `${num((100 * s.hits) / s.lookups)}%` : "–";
     card.append(el("h4", { class: "muted" }, "prefix store"), stats([
       ["RAM", `${bytes(s.ram_bytes)} · ${s.ram_entries} entries`],
       ["SSD", s.ssd_bytes === null ? "off" : `${bytes(s.ssd_bytes)} · ${s.ssd_entries} entries`],
-      ["hits (RAM / SSD)", `${s.hits_ram} / ${s.hits_ssd}`], ["hit rate", `${rate} of ${s.lookups}`],
+      ["hits (RAM / SSD)", `${s.hits_ram} / ${s.hits_ssd}`],
+      ["hit rate", `${rate} of ${s.lookups}`],
       ["tokens from store", s.hit_tokens], ["SSD restores", s.ssd_restores],
     ]));
   } else {
@@ -180,7 +202,8 @@ function renderModel(m) {
 }
 
 function renderUnloaded(list) {
-  const trs = list.map((e) => el("tr", { "data-model": e.id }, cell(e.id), cell(e.state),
+  const trs = list.map((e) => el("tr", { "data-model": e.id },
+    el("td", { class: "name", title: e.id }, shortName(e.id)), cell(e.state),
     cell(bytes(e.size_bytes), "num"), cell(e.pinned ? "yes" : "no")));
   $("unloaded").querySelector("tbody").replaceChildren(...trs);
   $("no-unloaded").hidden = trs.length > 0;
@@ -191,11 +214,14 @@ function render(d) {
   $("t-running").textContent = t.running;
   $("t-waiting").textContent = t.waiting;
   $("t-tps").textContent = num(t.tokens_per_s);
+  // TTFT: the running rows' (the histogram counts a request once it ends), else the last one
+  const ttfts = d.models.flatMap((m) => m.rows).map((r) => r.ttft_s).filter((v) => v !== null);
   const lastTtft = [...t.history].reverse().find((p) => p.ttft_s !== null);
-  $("t-ttft").textContent = lastTtft ? seconds(lastTtft.ttft_s) : "–";
-  $("t-mem").textContent = bytes(d.process_memory.active);
+  const ttft = ttfts.length ? ttfts.reduce((a, b) => a + b, 0) / ttfts.length : lastTtft?.ttft_s;
+  $("t-ttft").textContent = seconds(ttft);
+  $("t-mem").textContent = bytes(d.models.reduce((a, m) => a + m.memory.total_bytes, 0));
   $("t-uptime").textContent = seconds(d.uptime_s);
-  const span = `last ${Math.round(d.window_s / 60)} min`;
+  const span = `up to the last ${Math.round(d.window_s / 60)} min`;
   $("tps-span").textContent = span;
   $("ttft-span").textContent = span;
   plot($("plot-tps"), t.history, "tokens_per_s", d.time, d.window_s, (v) => v.toFixed(1));
