@@ -26,14 +26,14 @@ def dashboard(live: LiveServer, **headers: str) -> dict[str, Any]:
 class Stream(threading.Thread):
     """One streaming chat request read to its end: the content chunks it got and its usage."""
 
-    def __init__(self, live: LiveServer) -> None:
+    def __init__(self, live: LiveServer, body: dict[str, Any] = BODY) -> None:
         super().__init__(daemon=True)
-        self.live, self.chunks, self.usage = live, 0, None
+        self.live, self.body, self.chunks, self.usage = live, body, 0, None
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", self.live.v1 + "/chat/completions", json=BODY,
+            with httpx.stream("POST", self.live.v1 + "/chat/completions", json=self.body,
                               timeout=300) as r:  # fmt: skip
                 for line in r.iter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
@@ -127,6 +127,25 @@ def test_the_engine_in_a_child_process_answers_the_same(make_server) -> None:
     live = make_server(isolation="process", kv_budget=1 << 30)
     check_run(live)
     assert dashboard(live)["models"][0]["isolation"] == "process"
+
+
+def test_a_row_past_the_batch_waits_and_speculation_shows(make_server) -> None:
+    live = make_server(batch=1)
+    body = {**BODY, "max_tokens": 60, "speculative": "ngram"}
+    streams = [Stream(live, body), Stream(live, body)]
+    for s in streams:
+        s.start()
+    d = rows_until(live, lambda rows: [r["state"] for r in rows] == ["decode", "waiting"])
+    model = d["models"][0]
+    running, waiting = model["rows"]
+    assert model["running"] == 1 and model["waiting"] == 1 and d["totals"]["waiting"] == 1
+    assert running["speculative"] is True and running["speculation"] == "ngram"
+    assert waiting["speculative"] is True and waiting["generated_tokens"] == 0
+    assert waiting["ttft_s"] is None and waiting["prompt_tokens"] == running["prompt_tokens"]
+    for s in streams:
+        s.join(timeout=300)
+        assert s.error is None and s.usage["completion_tokens"] == 60
+    rows_until(live, lambda rows: rows == [], timeout=30)
 
 
 def test_the_endpoint_needs_the_key_and_the_page_does_not(make_server) -> None:
