@@ -1,8 +1,9 @@
 """The dashboard page in Chromium against a real server on the tiny qwen3: while two streaming
 requests run it shows both rows decoding and the tokens/s plot draws; with --api-key it asks
 for the key, keeps it under "mlxd-api-key" and sends it; the theme switches. The page test
-also writes docs/img/dashboard.png."""
+also makes docs/img/dashboard.png where it is missing."""
 
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -67,7 +68,7 @@ def errors_of(page: Any) -> list[str]:
     return errors
 
 
-def test_two_streams_show_as_two_rows_and_the_plots_draw(page, server, streams) -> None:
+def test_two_streams_show_as_two_rows_and_the_plots_draw(page, server, streams, tmp_path) -> None:
     errors = errors_of(page)
     page.goto(server.url + "/dashboard")
     page.wait_for_selector("#status.ok")
@@ -100,9 +101,11 @@ def test_two_streams_show_as_two_rows_and_the_plots_draw(page, server, streams) 
     card = page.locator(f'#models article[data-model="{name}"]')
     assert card.count() == 1 and "prefix store" in card.text_content()
     assert "weights + KV" in card.text_content() and "KV budget used" in card.text_content()
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
-    assert 0 < SCREENSHOT.stat().st_size < 150_000
+    shot = tmp_path / "dashboard.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert 0 < shot.stat().st_size < 150_000
+    if not SCREENSHOT.exists():  # the docs' copy: delete it and run this test to remake it
+        shutil.copyfile(shot, SCREENSHOT)
     assert errors == []
 
 
