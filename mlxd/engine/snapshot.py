@@ -20,8 +20,8 @@ def _prompt_tokens(req: GenerationRequest) -> int:
 
 def _running(rows: Any) -> Iterator[Running]:
     """Every running row as (request, handle, output, the object that knows its prefill)."""
-    if rows.serial is not None:
-        row, handle, out = rows.serial
+    if (serial := rows.serial) is not None:  # read once: the engine thread may clear it
+        row, handle, out = serial
         yield row.req, handle, out, row
     for job in list(rows.forks):
         for handle, out in zip(job.handles, job.outs, strict=False):
