@@ -140,10 +140,11 @@ def fake_site_fixture() -> Iterator[tuple[FakeAPI, TinyServer]]:
 
 
 def open_chat(page: Any, url: str) -> None:
-    """Loads the page and waits until the model list is in (the page is wired by then)."""
+    """Loads the page and waits until the model list and the stored conversations are in."""
     page.set_default_timeout(10_000)
     page.goto(url + "/")
     page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+    page.wait_for_selector("body[data-loaded]", state="attached")
 
 
 def send(page: Any, text: str) -> None:

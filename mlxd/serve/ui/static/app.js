@@ -1,9 +1,10 @@
 // The chat page: conversations, the composer, streaming with Stop, models, theme and the key.
 
-import { AuthError, listModels, setKey } from "./api.js";
+import { AuthError, setKey } from "./api.js";
 import { generate } from "./chat.js";
 import { initSettings } from "./settings.js";
 import * as store from "./store.js";
+import { askKey, initTheme, loadModels } from "./topbar.js";
 import { renderList, renderTurns } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
@@ -131,53 +132,8 @@ async function run(conv) {
   } finally {
     state.running.delete(conv.id);
   }
+  await persist(conv); // saved before Send comes back: a reload right after keeps the answer
   if (state.current === conv) draw();
-  await persist(conv);
-}
-
-async function loadModels() {
-  const select = $("model");
-  let models;
-  try {
-    models = await listModels();
-  } catch (e) {
-    if (e instanceof AuthError) return askKey();
-    return showBanner(`Cannot list models: ${e.message || e}`);
-  }
-  const want = select.value || localStorage.getItem("mlxd.model");
-  select.replaceChildren();
-  for (const m of models) {
-    const option = document.createElement("option");
-    option.value = m.id;
-    let label = m.id;
-    if (m.parent) label += ` (adapter of ${m.parent})`;
-    if (m.state) label += ` — ${m.state}`;
-    option.textContent = label;
-    select.append(option);
-  }
-  if (models.some((m) => m.id === want)) select.value = want;
-}
-
-function askKey() {
-  const dialog = $("key-dialog");
-  if (!dialog.open) dialog.showModal();
-}
-
-function initTheme() {
-  const button = $("theme-toggle");
-  const label = () => {
-    const t = document.documentElement.dataset.theme || "auto";
-    button.textContent = { auto: "◐ Auto", dark: "☾ Dark", light: "☀ Light" }[t];
-  };
-  button.addEventListener("click", () => {
-    const order = { auto: "dark", dark: "light", light: "auto" };
-    const next = order[document.documentElement.dataset.theme || "auto"];
-    if (next === "auto") delete document.documentElement.dataset.theme;
-    else document.documentElement.dataset.theme = next;
-    localStorage.setItem("mlxd.theme", next);
-    label();
-  });
-  label();
 }
 
 function initComposer() {
@@ -239,7 +195,7 @@ function initSidebar() {
   $("key-form").addEventListener("submit", () => {
     setKey($("key-input").value.trim());
     $("banner").hidden = true;
-    loadModels();
+    loadModels(showBanner);
   });
   $("banner").addEventListener("click", () => ($("banner").hidden = true));
 }
@@ -250,6 +206,7 @@ async function reload() {
   try {
     stored = await store.listConversations();
   } catch (e) {
+    document.body.dataset.loaded = "1";
     return showBanner(`Conversations could not be loaded (nothing was deleted): ${e.message || e}`);
   }
   const live = new Map(state.convs.filter((c) => state.running.has(c.id)).map((c) => [c.id, c]));
@@ -258,6 +215,7 @@ async function reload() {
   state.current = state.convs.find((c) => c.id === id) || state.current;
   if (state.current && !state.convs.includes(state.current)) state.convs.unshift(state.current);
   draw();
+  document.body.dataset.loaded = "1"; // the stored list is in (tests wait for it)
 }
 
 window.hljs.configure({ ignoreUnescapedHTML: true });
@@ -266,7 +224,7 @@ initComposer();
 initSidebar();
 initSettings(showBanner);
 reload();
-loadModels();
+loadModels(showBanner);
 window.addEventListener("focus", () => {
   if (!busy()) reload(); // another tab may have added conversations
 });

@@ -155,7 +155,7 @@ export function renderList(ul, convs, currentId, query, h) {
       input.focus();
       input.select();
     });
-    const del = el("button", "icon delete", "🗑");
+    const del = el("button", "icon delete", "✕");
     del.type = "button";
     del.setAttribute("aria-label", "Delete");
     del.addEventListener("click", () => {
@@ -164,7 +164,7 @@ export function renderList(ul, convs, currentId, query, h) {
       del.textContent = "Delete?";
       setTimeout(() => {
         delete del.dataset.armed;
-        del.textContent = "🗑";
+        del.textContent = "✕";
       }, 3000);
     });
     li.append(title, rename, del);
