@@ -45,6 +45,9 @@ def set_max_tokens(page: Any, n: int) -> None:
 
 
 def test_send_and_the_reply_completes(page: Any, live: LiveServer) -> None:
+    errors: list[str] = []  # console errors (a CSP violation is one) and uncaught exceptions
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
     open_chat(page, live.url)
     set_max_tokens(page, 12)
     send(page, "Hello there")
@@ -59,6 +62,7 @@ def test_send_and_the_reply_completes(page: Any, live: LiveServer) -> None:
     page.wait_for_function("() => document.querySelectorAll('.msg.assistant .stats').length === 2")
     page.wait_for_selector("#send:not([hidden])", timeout=60_000)
     assert stats(page)["prompt"] > got["prompt"] + got["completion"]
+    assert errors == []
 
 
 def test_two_tabs_stream_at_the_same_time(page: Any, live: LiveServer) -> None:
@@ -80,3 +84,28 @@ def test_two_tabs_stream_at_the_same_time(page: Any, live: LiveServer) -> None:
     open_chat(page, live.url)
     listed = page.locator("#conv-list .conv-title").all_inner_texts()
     assert sorted(listed) == ["Tab 0 says hello", "Tab 1 says hello"]
+
+
+def test_api_key_on_a_real_server(
+    page: Any, tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The server's key check leaves the page and its files open; the page asks for the key."""
+    server = start_server(
+        model=str(tiny_model("qwen3")), data_dir=str(tmp_path), api_key="real-key"
+    )
+    try:
+        for path, status in (("/", 200), ("/ui/app.js", 200), ("/v1/models", 401)):
+            assert page.request.get(server.url + path).status == status, path
+        page.goto(server.url + "/")
+        page.wait_for_selector("#key-dialog[open]")
+        page.fill("#key-input", "real-key")
+        page.click("#key-save")
+        page.wait_for_function("() => document.querySelectorAll('#model option').length > 0")
+        set_max_tokens(page, 4)
+        send(page, "hi")
+        page.wait_for_selector("#send:not([hidden])", timeout=60_000)
+        page.wait_for_selector(".msg.assistant:not(.streaming)")
+        assert page.locator(".msg.assistant .error").is_hidden()
+        assert stats(page)["completion"] == 4
+    finally:
+        server.stop()

@@ -228,3 +228,26 @@ def test_api_key_prompt_on_401(page: Any, fake_site) -> None:
     page.reload()  # the key is kept: no prompt again
     open_chat(page, server.url)
     assert not page.locator("#key-dialog").is_visible()
+
+
+def test_http_error_is_shown_and_the_next_message_works(page: Any, fake_site) -> None:
+    fake, server = fake_site
+    calls: list[int] = []
+
+    def handle(route: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            err = {"error": {"message": "engine restarting", "type": "server_error"}}
+            route.fulfill(status=503, json=err, headers={"Retry-After": "1"})
+        else:
+            route.fulfill(status=200, body=canned(delta("back"), finish(), DONE))
+
+    page.route("**/v1/chat/completions", handle)
+    open_chat(page, server.url)
+    send(page, "one")
+    wait_idle(page)
+    assert page.locator(".msg.assistant .error").inner_text() == "Error: engine restarting"
+    send(page, "two")
+    page.wait_for_function("() => document.querySelectorAll('.msg.assistant').length === 2")
+    wait_idle(page)
+    assert page.locator(".msg.assistant .content").last.inner_text() == "back"

@@ -13,7 +13,8 @@ CSP = (
     "img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'"
 )
-MEDIA = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".md": "text/plain"}
+MEDIA = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".md": "text/plain",
+         ".txt": "text/plain"}  # fmt: skip
 
 
 def _file_route(path: Path, headers: dict[str, str]):
