@@ -41,7 +41,7 @@ def stats(page: Any) -> dict[str, int]:
 def set_max_tokens(page: Any, n: int) -> None:
     page.click("#settings-toggle")
     page.fill("#set-max_tokens", str(n))
-    page.press("#set-max_tokens", "Tab")  # `change` saves it
+    page.press("#set-max_tokens", "Tab")
 
 
 def test_send_and_the_reply_completes(page: Any, live: LiveServer) -> None:

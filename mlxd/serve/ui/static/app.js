@@ -121,7 +121,10 @@ async function run(conv) {
     setTimeout(() => {
       pending = false;
       if (state.current === conv && state.running.has(conv.id) && lastReply) {
+        const box = $("messages"); // follow the answer unless the user scrolled up
+        const follow = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
         lastReply.update(reply, false);
+        if (follow) box.scrollTop = box.scrollHeight;
       }
     }, 40);
   };

@@ -28,7 +28,7 @@ export function initSettings(onError) {
   for (const name of ["system", ...Object.keys(NUMBERS)]) {
     const input = field(name);
     if (typeof saved[name] === "string") input.value = saved[name];
-    input.addEventListener("change", () => {
+    input.addEventListener("input", () => {
       const all = {};
       for (const n of ["system", ...Object.keys(NUMBERS)]) all[n] = field(n).value;
       try {
