@@ -14,6 +14,7 @@ import pytest
 from serve.conftest import LiveServer, start_server
 
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"
+SCREENSHOT_DARK = SCREENSHOT.with_name("dashboard-dark.png")
 BODY = {"messages": [{"role": "user", "content": "Count slowly to a thousand, please."}],
         "max_tokens": 20_000, "temperature": 0.0, "ignore_eos": True, "stream": True}  # fmt: skip
 
@@ -106,6 +107,12 @@ def test_two_streams_show_as_two_rows_and_the_plots_draw(page, server, streams, 
     assert 0 < shot.stat().st_size < 150_000
     if not SCREENSHOT.exists():  # the docs' copy: delete it and run this test to remake it
         shutil.copyfile(shot, SCREENSHOT)
+    page.evaluate("() => { document.documentElement.dataset.theme = 'dark'; }")
+    dark = tmp_path / "dashboard-dark.png"
+    page.screenshot(path=str(dark), full_page=True)
+    assert 0 < dark.stat().st_size < 150_000
+    if not SCREENSHOT_DARK.exists():
+        shutil.copyfile(dark, SCREENSHOT_DARK)
     assert errors == []
 
 
