@@ -17,8 +17,10 @@ def chromium_path() -> str:
     raise RuntimeError("no Chromium on PATH: `apt-get install chromium` (.ci/run does)")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Per module: Playwright's sync API keeps an event loop running in this thread while it is
+    open, and the next module's tests (asyncio.run in other folders) must not find one."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
