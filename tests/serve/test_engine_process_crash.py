@@ -154,3 +154,52 @@ def test_a_model_that_cannot_load_is_the_process_error_in_one_line(tmp_path: Pat
     with pytest.raises(ModelLoadError) as e:
         start_server(model=str(folder), isolation="process", data_dir=str(tmp_path / "d"))
     assert "\n" not in str(e.value) and str(folder) in str(e.value)
+
+
+def engine_children() -> int:
+    """This process's living engine processes."""
+    me, count = os.getpid(), 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == me and stat[0] != "Z" and b"mlxd.serve.process.child" in cmd:
+            count += 1
+    return count
+
+
+def test_a_restart_that_fails_is_tried_again_one_process_at_a_time(
+    qwen3_model_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(qwen3_model_dir, folder)
+    live = start_server(model=str(folder), isolation="process", data_dir=str(tmp_path / "d"))
+    try:
+        eng = engine(live)
+        eng.backoff_s = (0.1,)
+        weights = next(folder.glob("*.safetensors"))
+        hidden = weights.with_suffix(".hidden")
+        weights.rename(hidden)  # every restart now fails to load
+        os.kill(eng.proc.pid, signal.SIGKILL)
+        while httpx.get(live.url + "/health", timeout=5).status_code == 200:
+            time.sleep(0.02)  # until the server has seen the exit (within 0.1 s)
+        deadline, seen = time.time() + 8, set()
+        while time.time() < deadline:
+            assert engine_children() <= 1  # never two tries at once
+            seen.add(httpx.get(live.url + "/health", timeout=5).status_code)
+            time.sleep(0.05)
+        assert seen == {503} and eng.restarts == 0
+        assert "restart failed" in eng.down_reason and "safetensors" in eng.down_reason
+        hidden.rename(weights)
+        wait_healthy(live)
+        assert eng.restarts == 1 and engine_children() == 1
+        r = httpx.post(live.v1 + "/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})  # fmt: skip
+        assert r.status_code == 200
+    finally:
+        live.stop()
+    assert engine_children() == 0

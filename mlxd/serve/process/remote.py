@@ -16,42 +16,10 @@ from ..errors import APIError
 from . import wire
 from .handles import RemoteHandle, error_of
 from .incarnation import Gone, Incarnation, exit_reason
+from .views import EMPTY_STATS, Admission, Sharing
 
 log = logging.getLogger("mlxd.serve")
 RETRY_S = 2  # Retry-After while the engine restarts
-
-
-class _Store:
-    """`engine.sharing.store` as the server reads it: the last stats the process sent."""
-
-    def __init__(self, engine: "RemoteEngine") -> None:
-        self.engine = engine
-
-    @property
-    def closed(self) -> bool:
-        return self.engine.closing
-
-    def close(self) -> None:
-        """The process closes its own store (RemoteEngine.close)."""
-
-    def stats(self) -> dict[str, Any]:
-        return self.engine.stats_all().get("store") or {}
-
-
-class _Sharing:
-    def __init__(self, engine: "RemoteEngine") -> None:
-        self.store = _Store(engine)
-
-
-class _Admission:
-    def __init__(self, engine: "RemoteEngine") -> None:
-        self.engine = engine
-
-    def drain_s(self) -> float | None:
-        try:
-            return self.engine.call("drain_s", timeout=2)
-        except Exception:  # noqa: BLE001 - a Retry-After guess: none is a fine answer
-            return None
 
 
 class RemoteEngine:
@@ -73,8 +41,8 @@ class RemoteEngine:
         self.crashes: list[float] = []  # monotonic times of recent crashes
         self.adapters: dict[str, str] = {}  # loaded adapters, loaded again after a restart
         self.kv_budget: Any = None  # set by set_kv_budget: sent again after a restart
-        self.sharing: _Sharing | None = None  # set when the process says it has a store
-        self.admission = _Admission(self)
+        self.sharing: Sharing | None = None  # set when the process says it has a store
+        self.admission = Admission(self)
         self.facts: dict[str, Any] = {}
         self.batch = init["config"].engine.batch
         self._last_stats: dict[str, Any] = {}
@@ -91,7 +59,7 @@ class RemoteEngine:
         """Block until the process has loaded the model; its load error, raised here."""
         ready = self._ready.result()
         self.facts, self.batch = ready.facts, ready.batch
-        self.sharing = _Sharing(self) if ready.store else None
+        self.sharing = Sharing(self) if ready.store else None
         self.down_reason = None
 
     def _items(self, proc: Incarnation, items: list[Any]) -> None:
@@ -116,63 +84,60 @@ class RemoteEngine:
             wake(watchers)
 
     def _exited(self, proc: Incarnation, code: int) -> None:
-        why = exit_reason(code)
+        """The process ended: its rows and calls fail now; unless closing, it starts again."""
         with self._lock:
+            if proc is not self.proc:  # an earlier process's late report
+                return
             rows, self.rows = list(self.rows.values()), {}
             calls, self.calls = list(self.calls.values()), {}
-            if proc is not self.proc or self.closing:
-                why = "closed"
+        why = "closed" if self.closing else exit_reason(code)
         if not self._ready.done():
             self._ready.set_exception(RuntimeError(f"the engine process ended ({why}) while "
                                                    "loading; its log says why"))  # fmt: skip
-        if why == "closed":
-            return
-        self.down_reason = f"engine process exited with {why}; restarting"
-        log.error("model %s: %s (%d requests ended)", self.name, self.down_reason, len(rows))
-        died = APIError(502, f"model {self.name}: its engine process exited with {why} before "
-                        "this request finished; it is restarting", code="engine_died")  # fmt: skip
+        if not self.closing and not self.down_reason:  # a failed restart keeps its own reason
+            self.down_reason = f"engine process exited with {why}; restarting"
+            log.error("model %s: %s (%d requests ended)", self.name, self.down_reason, len(rows))
+        status = 503 if self.closing else 502
+        ended = APIError(status, f"model {self.name}: its engine process exited with {why} "
+                         "before this request finished", code="engine_died")  # fmt: skip
         watchers: list = []
         for h in rows:
-            watchers += h.end(died)
+            watchers += h.end(ended)
         if watchers:
             wake(watchers)
         for f in calls:
             f.set_exception(self._unavailable())
-        threading.Thread(target=self._restart, daemon=True, name="mlxd-engine-restart").start()
+        if not self.closing:
+            threading.Thread(target=self._restart, daemon=True, name="mlxd-engine-restart").start()
 
     def _restart(self) -> None:
-        while not self.closing:
-            now = time.monotonic()
-            self.crashes = [t for t in self.crashes if t > now - 60] + [now]
-            delay = self.backoff_s[min(len(self.crashes), len(self.backoff_s)) - 1]
-            time.sleep(delay)
-            if self.closing:
-                return
-            with self._lock:
-                self.proc = self._start()
-            try:
-                self.wait_ready()
-                for name, path in self.adapters.items():
-                    self.call("load_adapter", name, path)
-                if self.kv_budget is not None:
-                    self.call("set_kv_budget", self.kv_budget)
-            except Exception as e:  # noqa: BLE001 - it died again: the next try waits longer
-                log.error("model %s: engine restart failed: %s", self.name, e)
-                self.proc.kill()
-                if not self.proc.wait(30):
-                    return
-                continue
-            self.restarts += 1
-            log.info("model %s: engine process restarted (pid %d)", self.name, self.proc.pid)
+        """One try, after a backoff that grows with the crashes of the last minute. A try that
+        fails ends its process, whose exit (`_exited`) starts the next try."""
+        now = time.monotonic()
+        self.crashes = [t for t in self.crashes if t > now - 60] + [now]
+        time.sleep(self.backoff_s[min(len(self.crashes), len(self.backoff_s)) - 1])
+        if self.closing:
             return
+        with self._lock:
+            self.proc = self._start()
+        try:
+            self.wait_ready()
+            for name, path in self.adapters.items():
+                self.call("load_adapter", name, path)
+            if self.kv_budget is not None:
+                self.call("set_kv_budget", self.kv_budget)
+        except Exception as e:  # noqa: BLE001 - ended here: its exit starts the next try
+            log.error("model %s: engine restart failed: %s", self.name, e)
+            self.down_reason = f"engine restart failed: {e}; trying again"
+            self.proc.kill()
+            return
+        self.restarts += 1
+        log.info("model %s: engine process restarted (pid %d)", self.name, self.proc.pid)
 
     def _unavailable(self) -> APIError:
         why = self.down_reason or "not running"
         return APIError(503, f"model {self.name}: its engine is unavailable ({why})",
                         headers={"Retry-After": str(RETRY_S)})  # fmt: skip
-
-    def _send(self, msg: Any) -> None:
-        self.proc.send(msg)
 
     def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
         """Run `method` in the process; its exception is raised here."""
@@ -256,7 +221,7 @@ class RemoteEngine:
         try:
             self._last_stats = self.call("stats", timeout=self.stats_timeout_s)
         except Exception:  # noqa: BLE001 - restarting or gone: what it last said, rows zeroed
-            engine = dict(self._last_stats.get("engine") or _EMPTY)
+            engine = dict(self._last_stats.get("engine") or EMPTY_STATS)
             engine.update(active=len(self.rows), waiting=0)
             return {"engine": engine, "store": self._last_stats.get("store")}
         return self._last_stats
@@ -316,9 +281,3 @@ class RemoteEngine:
         if not self.proc.wait(10):
             self.proc.kill()
             self.proc.wait(10)
-
-
-_EMPTY = {
-    "active": 0, "waiting": 0, "tokens_generated": 0, "tokens_per_s": 0.0,
-    "kv_bytes_reserved": 0, "kv_budget": None, "kv_bytes_per_token": {}, "paths": {},
-}  # fmt: skip
