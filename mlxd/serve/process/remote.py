@@ -55,9 +55,10 @@ class RemoteEngine:
         self._ready = Future()
         return Incarnation(self.ctx, self.init, self._items, self._exited)
 
-    def wait_ready(self) -> None:
-        """Block until the process has loaded the model; its load error, raised here."""
-        ready = self._ready.result()
+    def wait_ready(self, started: Future | None = None) -> None:
+        """Block until the process has loaded the model; its load error, raised here.
+        `started`: the Ready future of the process a restart started (else the current one)."""
+        ready = (started or self._ready).result()
         self.facts, self.batch = ready.facts, ready.batch
         self.sharing = Sharing(self) if ready.store else None
         self.down_reason = None
@@ -119,17 +120,19 @@ class RemoteEngine:
         if self.closing:
             return
         with self._lock:
-            self.proc = self._start()
+            self.proc = proc = self._start()
+            ready = self._ready
         try:
-            self.wait_ready()
+            self.wait_ready(ready)
             for name, path in self.adapters.items():
                 self.call("load_adapter", name, path)
             if self.kv_budget is not None:
                 self.call("set_kv_budget", self.kv_budget)
         except Exception as e:  # noqa: BLE001 - ended here: its exit starts the next try
             log.error("model %s: engine restart failed: %s", self.name, e)
-            self.down_reason = f"engine restart failed: {e}; trying again"
-            self.proc.kill()
+            if proc is self.proc:  # not a later try's state
+                self.down_reason = f"engine restart failed: {e}; trying again"
+            proc.kill()  # this try's process (its exit may have started the next one already)
             return
         self.restarts += 1
         log.info("model %s: engine process restarted (pid %d)", self.name, self.proc.pid)
