@@ -53,8 +53,15 @@ class ServerState:
     provider: ModelProvider
     metrics: Any = None  # metrics.Metrics
     store: Any = None  # responses_store.ResponseStore
+    jobs: Any = None  # jobs.manager.JobManager
     started: float = field(default_factory=time.time)
     fingerprint: str = field(default_factory=system_fingerprint)
+
+    def close(self) -> None:
+        """Jobs first (a running one is failed as `server_restarted`), then the engines."""
+        if self.jobs is not None:
+            self.jobs.close()
+        self.provider.close()
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -66,13 +73,14 @@ def build_app(state: ServerState) -> FastAPI:
         openai_api,
         responses_api,
     )
+    from .jobs import routes as jobs_routes
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         # uvicorn re-raises SIGTERM after shutdown, so `serve`'s finally never runs then: stop
         # the engines and flush the disk tier's queue here (close() is idempotent).
-        await offload(state.provider.close)
+        await offload(state.close)
 
     app = FastAPI(title="mlxd", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.mlxd = state
@@ -97,6 +105,7 @@ def build_app(state: ServerState) -> FastAPI:
     responses_api.add_routes(app, state)
     metrics.add_routes(app)
     lora.add_routes(app)
+    jobs_routes.add_routes(app, state)
     if not state.config.no_ui:  # the chat page and the live dashboard (static files, no key)
         from . import dashboard, ui
 

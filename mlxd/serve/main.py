@@ -107,6 +107,6 @@ def serve(config: ServeConfig, scan: Callable[[], list[str]] | None = None) -> N
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it stopped on, as uvicorn.run
         pass  # swallows it: Ctrl-C is a clean exit (status 0)
     finally:
-        state.provider.close()
+        state.close()
     if not server.started:  # as uvicorn.run: the app's start-up failed
         raise SystemExit(3)

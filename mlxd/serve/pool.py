@@ -55,6 +55,7 @@ class Pool:
         self.entries: dict[str, Entry] = {}
         self.names: dict[str, str] = {}  # name, alias or path -> the entry's name
         self.unloads: Counter[tuple[str, str]] = Counter()  # (model, reason)
+        self.leases: dict[str, int] = {}  # a running job's bytes (serve/jobs), as weights count
         self._lock = threading.Lock()  # the entries and names
         self._loading = threading.Lock()  # one load or eviction at a time
         self.budget = parse_memory(config.memory_budget) if config.memory_budget else None
@@ -128,8 +129,27 @@ class Pool:
                  entry.served.weight_bytes, time.perf_counter() - tic)  # fmt: skip
 
     def held(self, but: Entry | None = None) -> int:
-        """Bytes of weights the loaded models hold (all but `but`)."""
-        return sum(e.served.weight_bytes for e in self.loaded() if e is not but)
+        """Bytes of weights the loaded models hold (all but `but`), and the jobs' leases."""
+        weights = sum(e.served.weight_bytes for e in self.loaded() if e is not but)
+        return weights + sum(self.leases.values())
+
+    def lease(self, key: str, need: int) -> "int | APIError | None":
+        """A job's memory from the same budget: the bytes granted (0 without --memory-budget),
+        None while busy models hold the room (ask again), an APIError when it can never fit.
+        Idle unpinned models are unloaded to make room, as for a load."""
+        if self.budget is None:
+            self.leases[key] = 0
+            return 0
+        with self._loading:
+            try:
+                self._make_room(Entry(ModelSpec(f"job {key}", None)), need)
+            except APIError as e:
+                return None if e.status == 503 else e
+            self.leases[key] = need
+            return need
+
+    def release(self, key: str) -> None:
+        self.leases.pop(key, None)
 
     def _make_room(self, entry: Entry, need: int) -> None:
         """--memory-budget: unload the least recently used unpinned idle models until `need`

@@ -55,7 +55,7 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
-        self.state.provider.close()
+        self.state.close()
 
 
 def start_server(**overrides: Any) -> LiveServer:
