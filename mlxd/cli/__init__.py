@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from ..model.errors import ModelLoadError
-from . import bench, chat, config, convert, generate, models, serve
+from . import bench, chat, config, convert, generate, jobs, models, quantize, serve
 from .version import VersionAction
 
 SUBCOMMANDS = {
@@ -12,6 +12,8 @@ SUBCOMMANDS = {
     "chat": chat,
     "serve": serve,
     "convert": convert,
+    "quantize": quantize,
+    "jobs": jobs,
     "bench": bench,
     "config": config,
     "models": models,
