@@ -2,6 +2,7 @@
 mlx_lm.server (mlxd/bench/serve.py runs it)."""
 
 import argparse
+import json
 import sys
 
 from ..bench.lora import parse_adapters
@@ -122,6 +123,20 @@ def add_serve_parser(bench_subs: "argparse._SubParsersAction[argparse.ArgumentPa
         "prompt (python -m mlxd.bench.raw_step): the 1-agent ITL is reported against it, "
         "pooled and round by round; mlxd's engine alone (no server) alternates with it",
     )  # fmt: skip
+    j = s.add_argument_group("a background job (one mlxd server, no mlx_lm.server)")
+    j.add_argument(
+        "--during-job", choices=("fine_tune",), default=None,
+        help="each round runs the agents twice on one mlxd server: alone, and while a "
+        "background LoRA job trains on the served model (started and seen training before the "
+        "agents, cancelled with force after; a round where it was not running throughout is "
+        "marked invalid): ITL p99 / p50, TTFT p99, tok/s and their ratios job/none per round, "
+        "and the job's training steps/s",
+    )  # fmt: skip
+    j.add_argument(
+        "--job-hyperparameters", default=None, metavar="JSON",
+        help="with --during-job: the job's method.supervised.hyperparameters over the bench's "
+        "(iters 1000000, batch_size 4, max_seq_length 512, ...), e.g. '{\"num_layers\": 8}'",
+    )  # fmt: skip
     o = s.add_argument_group("output")
     o.add_argument("--json", default=None, metavar="OUT", help="every raw number")
     o.add_argument("--markdown", default=None, metavar="OUT.md", help="the table")
@@ -154,7 +169,31 @@ def run_serve_cmd(args: argparse.Namespace) -> None:
     args.batch_given = args.batch is not None
     if args.batch is None:
         args.batch = max(args.agents)  # equal caps up to mlx_lm.server's 32
+    if args.during_job or args.job_hyperparameters:
+        return _run_during_job(args)
     from ..bench.serve import run_serve
 
     if code := run_serve(args):
+        sys.exit(code)
+
+
+def _run_during_job(args: argparse.Namespace) -> None:
+    if args.during_job is None:
+        sys.exit("mlxd bench serve: --job-hyperparameters needs --during-job")
+    others = {"--workload edit": args.workload == "edit", "--only mlx-lm": args.only == "mlx-lm",
+              "--mlxd-variant": bool(args.mlxd_variant), "--interleave": args.interleave,
+              "--adapters": bool(args.adapters or args.make_adapters), "--plot": bool(args.plot),
+              "--baseline": args.baseline}  # fmt: skip
+    if clash := [flag for flag, on in others.items() if on]:
+        sys.exit(f"mlxd bench serve: --during-job runs one mlxd server: not with {clash[0]}")
+    if args.job_hyperparameters:
+        try:
+            ok = isinstance(json.loads(args.job_hyperparameters), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            sys.exit("mlxd bench serve: --job-hyperparameters must be a JSON object")
+    from ..bench.during_job import run_during_job
+
+    if code := run_during_job(args):
         sys.exit(code)
