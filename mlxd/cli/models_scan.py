@@ -76,6 +76,24 @@ def _format(config: dict[str, Any]) -> str | None:
     return dtype if isinstance(dtype, str) else None
 
 
+QUANTIZED_MARKER = "mlxd_quantize.json"  # jobs/quantize.py's MARKER, without importing MLX
+
+
+def quantized_models(home: Path) -> list[LocalModel]:
+    """Folders `mlxd quantize` and quantize jobs wrote under MLXD_HOME/models (renamed in only
+    once complete)."""
+    found = []
+    for marker in sorted((home / "models").glob(f"*/{QUANTIZED_MARKER}")):
+        folder = marker.parent
+        try:
+            config = check_folder(folder)
+        except ModelLoadError:
+            continue
+        found.append(LocalModel(str(folder), "quantized", READY, str(config["model_type"]),
+                                _format(config), _size(folder), str(folder)))  # fmt: skip
+    return found
+
+
 def hf_models(include_unready: bool) -> list[LocalModel]:
     """Repos in the Hugging Face cache (where huggingface_hub keeps it: HF_HUB_CACHE, else
     HF_HOME/hub), each at its `main` snapshot, else its latest one."""
@@ -119,4 +137,5 @@ def local_models(include_unready: bool = False) -> list[LocalModel]:
     home = mlxd_home(create=False)
     converted = conversions(home)
     found = [default_model(home, converted), *gguf_models(home, converted)]
+    found += quantized_models(home)
     return found + hf_models(include_unready)

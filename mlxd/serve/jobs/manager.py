@@ -154,7 +154,7 @@ class JobManager:
             self._event(
                 job, "message", f"Resumed from step {ckpt['step']}" if ckpt else "Restarted"
             )
-        self._wake.set()
+        self._kick()
         return job
 
     def _stop_then_kill(self, proc: JobProcess, force: bool) -> None:

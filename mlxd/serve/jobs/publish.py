@@ -17,7 +17,7 @@ log = logging.getLogger("mlxd.serve")
 
 def quantized_home() -> Path:
     """Where quantized models live (`mlxd quantize`'s default, and `mlxd models` lists them)."""
-    return mlxd_home() / "quantized"
+    return mlxd_home() / "models"
 
 
 def fine_tuned_name(base: str, suffix: str | None, job_id: str) -> str:
