@@ -13,9 +13,10 @@ from typing import Any
 from ...config import child_environment
 from ..errors import APIError
 from ..process.incarnation import PACKAGE_ROOT
+from .journal import Journal
 from .publish import Publisher
 from .runner import JobProcess
-from .store import CANCELLED, DONE, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, JobStore
+from .store import CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED, Job, JobStore
 
 log = logging.getLogger("mlxd.serve")
 STOP_GRACE_S = 60.0  # a cancel waits this long for the step to end, then kills
@@ -32,14 +33,14 @@ class JobManager:
         self.pool, self.publisher = pool, publisher
         self._lock = threading.RLock()
         self._jobs: dict[str, Job] = {j.id: j for j in self.store.jobs()}
-        self._events: dict[str, list[dict]] = {}
+        self.journal = Journal(self.store)
         self._running: dict[str, JobProcess] = {}
         self._cancelling: set[str] = set()
         self._wake = threading.Event()
         self._closed = False
         for job in self._jobs.values():
             if job.status == RUNNING:  # its process ended with the last server
-                self._finish(job, FAILED, error=dict(RESTARTED))
+                self.journal.finish(job, FAILED, error=dict(RESTARTED))
             elif job.status == SUCCEEDED:
                 self.publisher.publish(job, at_start=True)
         self._thread: threading.Thread | None = None  # started with the first queued job
@@ -68,9 +69,7 @@ class JobManager:
     def events(self, job_id: str) -> list[dict]:
         self.get(job_id)
         with self._lock:
-            if job_id not in self._events:
-                self._events[job_id] = self.store.events(job_id)
-            return list(self._events[job_id])
+            return list(self.journal.events(job_id))
 
     def exclusive(self) -> Job | None:
         """The exclusive job running now, if any: new inference waits for it (503)."""
@@ -101,7 +100,7 @@ class JobManager:
         with self._lock:
             self._jobs[job.id] = job
             self.store.save(job)
-            self._event(job, "message", f"Created {kind.replace('_', '-')} job {job.id}")
+            self.journal.event(job, "message", f"Created {kind.replace('_', '-')} job {job.id}")
         self._kick()
         return job
 
@@ -111,12 +110,14 @@ class JobManager:
         with self._lock:
             job = self.get(job_id)
             if job.status == QUEUED:
-                self._finish(job, CANCELLED)
+                self.journal.finish(job, CANCELLED)
             elif job.status == RUNNING:
                 self._cancelling.add(job.id)
                 proc = self._running.get(job.id)
                 if proc is not None:
-                    self._event(job, "message", "Cancel requested" + (" (killed)" if force else ""))
+                    self.journal.event(
+                        job, "message", "Cancel requested" + (" (killed)" if force else "")
+                    )
                     threading.Thread(
                         target=self._stop_then_kill, args=(proc, force), daemon=True
                     ).start()
@@ -130,7 +131,7 @@ class JobManager:
                 raise APIError(
                     400, f"job {job_id} is {job.status}: only a running fine-tuning job stops early"
                 )
-            self._event(job, "message", "Stop requested: the job ends at its next step")
+            self.journal.event(job, "message", "Stop requested: the job ends at its next step")
             self._running[job.id].stop()
             return job
 
@@ -151,7 +152,7 @@ class JobManager:
                     job.spec["iters"] = max(int(job.spec["iters"]) - int(ckpt["step"]), 1)
             job.status, job.error, job.finished_at, job.progress = QUEUED, None, None, 0.0
             self.store.save(job)
-            self._event(
+            self.journal.event(
                 job, "message", f"Resumed from step {ckpt['step']}" if ckpt else "Restarted"
             )
         self._kick()
@@ -183,7 +184,7 @@ class JobManager:
                 continue
             if isinstance(granted, APIError):
                 with self._lock:
-                    self._finish(
+                    self.journal.finish(
                         job,
                         FAILED,
                         error={"code": "insufficient_memory", "message": granted.message},
@@ -200,7 +201,7 @@ class JobManager:
         out.mkdir(parents=True, exist_ok=True)
         job.status, job.started_at = RUNNING, time.time()
         self.store.save(job)
-        self._event(job, "message", "Job started")
+        self.journal.event(job, "message", "Job started")
         spec = {"type": job.type, "spec": job.spec, "out": str(out), "memory_limit": limit or None,
                 "nice": 10 if job.priority == "background" else 0}  # fmt: skip
         self._running[job.id] = JobProcess(
@@ -213,28 +214,7 @@ class JobManager:
 
     def _on_event(self, job: Job, event: dict) -> None:
         with self._lock:
-            kind = event.get("type")
-            if kind == "progress":
-                job.progress, job.eta_s = event["progress"], event.get("eta_s")
-                job.stage = event.get("stage") or job.stage
-                self.store.save(job)
-                return  # progress is the job's row, not a log line
-            if kind == "result":
-                job.result = event["result"]
-                return
-            if kind == "error":
-                job.error = {"code": event.get("code"), "message": event.get("message")}
-                self._event(job, "message", event.get("message", ""), level="error")
-                return
-            if kind == "metrics" and (tokens := event.get("data", {}).get("trained_tokens")):
-                job.trained_tokens = int(tokens)
-            data = event.get("data")
-            if kind == "checkpoint":
-                data = {k: event.get(k) for k in ("step", "path", "metrics")}
-            text = event.get("message") or (
-                f"Checkpoint at step {event.get('step')}" if kind == "checkpoint" else ""
-            )
-            self._event(job, kind or "message", text, level=event.get("level", "info"), data=data)
+            self.journal.apply(job, event)
 
     def _on_exit(self, job: Job, code: int) -> None:
         with self._lock:
@@ -243,53 +223,26 @@ class JobManager:
             cancelled = job.id in self._cancelling
             self._cancelling.discard(job.id)
             if cancelled:
-                if job.result is not None and job.type == "fine_tune":  # stopped at a step: kept
-                    self._keep_final(job)
-                self._finish(job, CANCELLED)
+                self.journal.keep_final(job)  # a fine-tuning job stopped at a step: kept
+                self.journal.finish(job, CANCELLED)
             elif self._closed:
-                self._finish(job, FAILED, error=dict(RESTARTED))
+                self.journal.finish(job, FAILED, error=dict(RESTARTED))
             elif job.result is not None and code == 0:
                 try:
                     job.output_model = self.publisher.publish(job)
-                    self._finish(job, SUCCEEDED)
+                    self.journal.finish(job, SUCCEEDED)
                 except Exception as e:  # noqa: BLE001 - the work is done but cannot be served
                     log.exception("job %s: publishing its result", job.id)
-                    self._finish(job, FAILED, error={"code": "publish_failed", "message": str(e)})
+                    self.journal.finish(
+                        job, FAILED, error={"code": "publish_failed", "message": str(e)}
+                    )
             else:
                 error = job.error or {
                     "code": "process_died",
                     "message": f"the job process exited with {code}",
                 }
-                self._finish(job, FAILED, error=error)
+                self.journal.finish(job, FAILED, error=error)
         self._wake.set()
-
-    def _keep_final(self, job: Job) -> None:
-        """The adapter a cancelled job saved at its last step, listed with its checkpoints."""
-        path = Path(job.result["adapter_path"]) / "adapters.safetensors"
-        if path.exists():
-            step = int(job.result.get("steps", 0))
-            data = {"step": step, "path": str(path), "metrics": {"step": step}}
-            self._event(job, "checkpoint", f"Checkpoint at step {step} (cancelled)", data=data)
-
-    def _finish(self, job: Job, status: str, error: dict | None = None) -> None:
-        job.status, job.finished_at = status, time.time()
-        job.error = error if status == FAILED else None
-        if status == SUCCEEDED:
-            job.progress = 1.0
-        self.store.save(job)
-        text = {SUCCEEDED: "The job has successfully completed", CANCELLED: "The job was cancelled",
-                FAILED: f"The job failed: {(error or {}).get('message', '')}"}[status]  # fmt: skip
-        self._event(job, "message", text, level="error" if status == FAILED else "info")
-
-    def _event(
-        self, job: Job, kind: str, message: str, level: str = "info", data: Any = None
-    ) -> None:
-        events = self._events.setdefault(job.id, self.store.events(job.id))
-        seq = len(events) + 1
-        event = {"id": f"{job.id}-event-{seq}", "seq": seq, "created_at": int(time.time()),
-                 "level": level, "type": kind, "message": message, "data": data}  # fmt: skip
-        events.append(event)
-        self.store.append_event(job.id, event)
 
     def close(self) -> None:
         with self._lock:
@@ -301,7 +254,3 @@ class JobManager:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.store.close()
-
-
-def is_done(job: Job) -> bool:
-    return job.status in DONE
