@@ -87,6 +87,10 @@ def fine_tune(state: Any, body: dict) -> tuple[str, dict, dict, str, int]:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad_request("seed must be an integer", "seed")
     folder = base_folder(state, body.get("model"))
+    if not state.provider.serves(body["model"]):  # adapters are served over that one engine
+        default = state.provider.names[0]
+        raise bad_request(f"fine-tuning runs on the default served model ({default}): its "
+                          "adapters are served by name over its engine", "model")  # fmt: skip
     spec = {"model": str(folder), **_hyperparameters(body),
             "train_file": _file_path(state, body, "training_file", True),
             "valid_file": _file_path(state, body, "validation_file", False)}  # fmt: skip
