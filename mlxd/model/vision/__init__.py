@@ -1,0 +1,1 @@
+"""Vision-language models: decoded request images and the models that read them."""
