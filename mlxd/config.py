@@ -701,6 +701,30 @@ class ServeConfig:
         "--max-request-bytes", group=SERVER, parse=int,
         help="largest request body accepted; larger ones are 413 (default: 8 MiB)",
     )  # fmt: skip
+    max_image_bytes: int = flag(20 << 20,
+        "--max-image-bytes", group=SERVER, parse=int,
+        help="largest encoded image a request may send (a data URL's or base64 block's bytes, "
+        "a fetched or file image's); larger is a 400 naming the part (default: 20 MiB)",
+    )  # fmt: skip
+    max_image_pixels: int = flag(7680 * 4320,
+        "--max-image-pixels", group=SERVER, parse=int,
+        help="most pixels (width x height) an image may decode to, read from its header "
+        "before decoding; more is a 400 (default: 33177600, 7680x4320)",
+    )  # fmt: skip
+    max_images_per_request: int = flag(16,
+        "--max-images-per-request", group=SERVER, parse=int,
+        help="images one request may carry, all its messages together (default: 16)",
+    )  # fmt: skip
+    allow_fetch: bool = flag(False,
+        "--allow-fetch", group=SERVER, action="store_true",
+        help="fetch http(s) image URLs a request names (no redirects, --max-image-bytes, a "
+        "timeout); off: such a part is a 400 asking for a data URL",
+    )  # fmt: skip
+    allowed_media_dir: str | None = flag(None,
+        "--allowed-media-dir", group=SERVER, parse=str, metavar="DIR",
+        help="file:// image URLs may name files under this folder (symlinks resolved, none "
+        "may lead out); unset: file URLs are a 400",
+    )  # fmt: skip
     api_key: str | None = flag(None,
         "--api-key", group=SERVER, parse=str, env="MLXD_API_KEY",
         help="require this key on every endpoint but /health (default: $MLXD_API_KEY)",
@@ -798,6 +822,9 @@ class ServeConfig:
             ("body_timeout", self.body_timeout > 0),
             ("request_timeout", 0 <= self.request_timeout < float("inf")),
             ("max_connections", self.max_connections >= 1),
+            ("max_image_bytes", self.max_image_bytes >= 1),
+            ("max_image_pixels", self.max_image_pixels >= 1),
+            ("max_images_per_request", self.max_images_per_request >= 1),
             ("num_speculative_tokens", self.num_speculative_tokens >= 1),
             ("isolation", self.isolation in (None, "process", "off")),
             ("switch_interval", self.switch_interval in (None, "engine")

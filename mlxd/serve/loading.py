@@ -38,6 +38,7 @@ class ModelFacts:
     embed_vocab: int = 0  # rows of the embedding table (the embeddings endpoint's ids)
     spec_refusal: str | None = None  # why no row may draft on this model (None: rows may)
     draft_refusal: str | None = None  # why its draft model cannot draft in the batched step
+    takes_images: bool = False  # a vision-language model: requests may carry images
 
 
 def tokenizer_config(config: ServeConfig) -> dict[str, Any]:

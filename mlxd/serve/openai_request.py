@@ -7,6 +7,7 @@ from typing import Any
 
 from ..config import ServeConfig
 from .errors import bad_request
+from .media import MediaPolicy, MediaReader
 from .params import (
     MAX_TOP,
     GenParams,
@@ -30,7 +31,8 @@ class OpenAIRequest:
     include_usage: bool
     params: GenParams
     tools: list[dict] | None = None
-    messages: list[dict[str, Any]] | None = None  # chat: text contents, arguments as dicts
+    # chat: text contents (content lists where images are: media_parts.py), arguments as dicts
+    messages: list[dict[str, Any]] | None = None
     prompts: list[str | list[int]] | None = None  # completions: one choice (or n) each
     legacy_logprobs: int | None = None  # completions' integer `logprobs`: OpenAI's old shape
     template_args: dict[str, Any] | None = None
@@ -76,7 +78,7 @@ def _chat_fields(req: OpenAIRequest, body: dict[str, Any], config: ServeConfig) 
         req.params.constraint, req.params.forced_tool = forced_tool(req.tools, choice)
     if "messages" not in body:
         raise bad_request("Request did not contain messages", "messages")
-    req.messages = normalize_messages(body["messages"])
+    req.messages = normalize_messages(body["messages"], MediaReader(MediaPolicy.of(config)))
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise bad_request("chat_template_kwargs must be an object", "chat_template_kwargs")

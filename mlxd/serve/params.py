@@ -10,6 +10,7 @@ from typing import Any
 from ..model import ModelLoadError
 from .app import ServerState
 from .errors import APIError, bad_request
+from .media_parts import first_image_at, refuse_images
 from .pool_specs import model_defaults
 from .provider import Served
 from .speculation import speculative
@@ -221,10 +222,12 @@ MAX_NAME = 1024  # characters of a model or adapter name (a repo id is at most 9
 
 @dataclass(frozen=True)
 class ModelRef:
-    """The model (and adapter) a request names."""
+    """The model (and adapter) a request names, and whether it must take images."""
 
     name: str = "default_model"
     adapter: str | None = None
+    # where the request's first image part is: a model that takes no images refuses it
+    images_at: str | None = field(default=None, compare=False)
 
 
 def model_ref(body: dict[str, Any], default: str = "default_model") -> ModelRef:
@@ -238,11 +241,13 @@ def model_ref(body: dict[str, Any], default: str = "default_model") -> ModelRef:
     for field_name, value in (("model", name), ("adapters", adapter or "")):
         if len(value) > MAX_NAME or "\x00" in value:
             raise bad_request(f"{field_name} is not a model name", field_name)
-    return ModelRef(name, adapter)
+    return ModelRef(name, adapter, first_image_at(body))
 
 
 async def load_model(state: ServerState, ref: ModelRef, fallback: bool = False) -> Served:
     try:
-        return await offload(lambda: state.provider.get(ref.name, ref.adapter, fallback))
+        served = await offload(lambda: state.provider.get(ref.name, ref.adapter, fallback))
     except ModelLoadError as e:
         raise APIError(404, str(e), param="model", code="model_not_found") from e
+    refuse_images(served.name, served.facts.takes_images, ref.images_at)
+    return served

@@ -20,7 +20,10 @@ from typing import Any
 
 from mlx_lm.server import convert_chat
 
+from ..model.vision.media import MediaImage
 from .errors import bad_request
+from .media import MediaReader
+from .media_parts import chat_content, images_of
 
 
 @dataclass
@@ -30,10 +33,15 @@ class Prompt:
     # Where the prefill stops to snapshot the cache for the prefix store (position, kind):
     # mlx_lm.server's segments, the end of the system prompt and the start of a think tail.
     cuts: tuple[tuple[int, str], ...] = ()
+    # The decoded images, in prompt order; the messages keep `{"type": "image"}` in their place
+    # for the template. Empty for text.
+    images: tuple[MediaImage, ...] = ()
 
 
-def normalize_messages(messages: Any) -> list[dict[str, Any]]:
-    """A deep copy with string contents (mlx-lm's process_message_content, text only)."""
+def normalize_messages(messages: Any, reader: MediaReader | None = None) -> list[dict[str, Any]]:
+    """A deep copy with string contents (mlx-lm's process_message_content, text only), or a
+    content list of text parts and image placeholders where a message holds images (`reader`:
+    the request's image limits; media_parts.py)."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list", "messages")
     out = []
@@ -43,16 +51,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
         m = copy.deepcopy(m)
         content = m.get("content")
         if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text":
-                    raise bad_request(
-                        f"messages[{i}]: only 'text' content parts are supported", "messages"
-                    )
-                if not isinstance(part.get("text"), str):
-                    raise bad_request(f"messages[{i}]: a text part needs a string 'text'")
-                texts.append(part["text"])
-            m["content"] = "".join(texts)
+            m["content"] = chat_content(content, i, m["role"], reader)
         elif content is None:
             m["content"] = ""
         elif not isinstance(content, str):
@@ -91,7 +90,10 @@ def chat_prompt(
 ) -> Prompt:
     """`prefill`: continue the last assistant turn (the template's `continue_final_message`,
     Anthropic's prefill) instead of opening a new one."""
+    images = images_of(messages)  # decoded here, off the event loop; bad ones are a 400
     if not tokenizer.has_chat_template:
+        if images:
+            raise bad_request("the model has no chat template to place images in", "messages")
         tokens = tokenizer.encode(convert_chat(messages, role_mapping))
         return Prompt(tokens, "normal")
     turn = {"continue_final_message": True} if prefill else {"add_generation_prompt": True}
@@ -105,7 +107,7 @@ def chat_prompt(
         tokens = tokens["input_ids"]
     tokens = list(tokens)
     cuts = () if prefill else segment_cuts(tokenizer, messages, tools, template_args, tokens)
-    return Prompt(tokens, initial_state(tokenizer, tokens), cuts)
+    return Prompt(tokens, initial_state(tokenizer, tokens), cuts, images)
 
 
 def segment_cuts(

@@ -14,6 +14,8 @@ from typing import Any
 
 from .errors import bad_request
 from .generation import Usage
+from .media import DEFAULT_POLICY, MediaPolicy, MediaReader
+from .media_parts import ImagePart
 from .speculation import prediction_details
 from .text import ToolCall
 
@@ -40,24 +42,29 @@ def input_items(value: Any) -> list[dict[str, Any]]:
     raise bad_request("input must be a string or a list of input items", "input")
 
 
-def _text(content: Any, field: str) -> str:
-    """A string, or text parts joined (input_text / output_text / refusal)."""
+def _text(content: Any, field: str, reader: MediaReader | None = None) -> str | list:
+    """A string, or text parts joined (input_text / output_text / refusal); with a `reader`
+    (a user message's content), a list of text parts and image placeholders where it holds
+    `input_image` parts (media_parts.py)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request(f"{field} must be a string or a list of content parts", "input")
-    texts = []
-    for part in content:
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else type(part).__name__
         if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
-            texts.append(part["text"])
+            parts.append({"type": "text", "text": part["text"]})
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
+            parts.append({"type": "text", "text": part["refusal"]})
+        elif kind == "input_image" and reader is not None:
+            parts.append(ImagePart(reader.url(part.get("image_url"), f"{field}[{j}].image_url")))
         else:
-            raise bad_request(
-                f"{field}: content part '{kind}' is not supported (only text parts)", "input"
-            )
-    return "".join(texts)
+            only = "text and input_image parts" if reader is not None else "only text parts"
+            raise bad_request(f"{field}: content part '{kind}' is not supported ({only})", "input")
+    if any(isinstance(p, ImagePart) for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 def _field(item: dict[str, Any], name: str, where: str) -> str:
@@ -87,9 +94,13 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     )
 
 
-def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[dict[str, Any]]:
+def to_messages(
+    items: list[dict[str, Any]], instructions: str | None, media: MediaPolicy = DEFAULT_POLICY
+) -> list[dict[str, Any]]:
     """Chat messages for the template: instructions first as a system message; consecutive
-    function_call items join the assistant turn before them; outputs become tool messages."""
+    function_call items join the assistant turn before them; outputs become tool messages;
+    a user message's `input_image` parts are images (`media`: the server's limits)."""
+    reader = MediaReader(media, "input")
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
@@ -104,7 +115,8 @@ def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[d
                 raise bad_request(
                     f"{where}.role must be one of user, system, developer, assistant", "input"
                 )
-            content = _text(item.get("content"), where + ".content")
+            images = reader if role == "user" else None  # images only in user messages
+            content = _text(item.get("content"), where + ".content", images)
             msg: dict[str, Any] = {"role": role, "content": content}
             if role == "assistant" and reasoning:
                 msg["reasoning_content"] = reasoning
