@@ -52,6 +52,9 @@ class GenerationRequest:
     # Quantize sliding-window layers too (mlx-lm raises "RotatingKVCache Quantization NYI").
     quantize_windows: bool = False
     input_embeddings: mx.array | None = None
+    # Keyword arguments for the model calls that carry `input_embeddings` (a vision model's
+    # position ids and rope deltas: mlxd.model.vision); the decode steps get none.
+    model_kwargs: dict[str, Any] | None = None
     prompt_progress_callback: Callable[[int, int], None] | None = None
     stop_token_ids: frozenset[int] = frozenset()  # the row ends after emitting one of these
     # Multi-token stop sequences (mlx-lm's StopSequences: Aho-Corasick over token ids).

@@ -133,7 +133,8 @@ class SerialRow:
         self.fed += tokens.shape[1]
         with row_slots(self.req.adapter_slots, lambda: (self.req.adapter,)):
             if emb is not None:
-                return self.model(tokens, cache=self.cache, input_embeddings=emb)
+                extra = self.req.model_kwargs or {}
+                return self.model(tokens, cache=self.cache, input_embeddings=emb, **extra)
             return self.model(tokens, cache=self.cache)
 
     def _step(self, tokens: mx.array, emb: mx.array | None = None) -> tuple[mx.array, mx.array]:

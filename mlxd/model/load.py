@@ -15,6 +15,7 @@ from .check import check_folder
 from .errors import ModelLoadError
 from .peft import mlx_adapter
 from .resolve import resolve_model
+from .vision.load import is_vision_folder, load_vision
 
 
 def load(
@@ -29,6 +30,8 @@ def load(
 ) -> tuple[nn.Module, TokenizerWrapper] | tuple[nn.Module, TokenizerWrapper, dict[str, Any]]:
     """Load model and tokenizer; `None` means the embedded default model."""
     folder = resolve_model(path_or_hf_repo, revision=revision)
+    if is_vision_folder(folder):  # (VisionModel, mlx-vlm's processor): mlxd.model.vision
+        return load_vision(folder)
     check_folder(folder)
     if adapter_path is not None:
         if not _exists(adapter_path):
