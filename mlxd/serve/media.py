@@ -8,6 +8,7 @@ import io
 import os
 import re
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -185,6 +186,8 @@ def decode_pixels(raw: bytes, max_pixels: int, fail: Any) -> np.ndarray:
     # Pillow's own bomb guard (twice this raises inside open) set to the server's limit; one
     # server has one limit, so the global holds the same value on every call
     Image.MAX_IMAGE_PIXELS = max_pixels
+    # past the limit Pillow warns, then the check below refuses: the warning says nothing more
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     try:
         with Image.open(io.BytesIO(raw)) as im:
             if im.format not in FORMATS:
