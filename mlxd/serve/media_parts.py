@@ -76,6 +76,8 @@ def first_image_at(body: dict[str, Any]) -> str | None:
                 continue
             for j, part in enumerate(content):
                 if isinstance(part, dict) and part.get("type") in kinds:
+                    if "source" in part:  # an Anthropic block: its errors' dotted style
+                        return f"{key}.{i}.content.{j}"
                     return f"{key}[{i}].content[{j}]"
     return None
 
@@ -83,7 +85,7 @@ def first_image_at(body: dict[str, Any]) -> str | None:
 def refuse_images(model: str, takes_images: bool, where: str | None) -> None:
     """A 400 naming the first image part when the served model takes no images."""
     if where is not None and not takes_images:
-        param = where.split("[", 1)[0]
+        param = where.replace("[", ".").split(".", 1)[0]
         raise bad_request(f"{where}: model {model} does not take images", param)
 
 
