@@ -86,7 +86,8 @@ def refuse_images(model: str, takes_images: bool, where: str | None) -> None:
     """A 400 naming the first image part when the served model takes no images."""
     if where is not None and not takes_images:
         param = where.replace("[", ".").split(".", 1)[0]
-        raise bad_request(f"{where}: model {model} does not take images", param)
+        why = "images are not supported by a text-only model"
+        raise bad_request(f"{where}: model {model} does not take images ({why})", param)
 
 
 def chat_content(content: list, i: int, role: Any, reader: MediaReader | None) -> str | list:
