@@ -36,8 +36,8 @@ def openai_image_url(part: dict[str, Any]) -> Any:
 
 def openai_image(part: dict[str, Any], where: str, reader: MediaReader) -> ImagePart:
     field = "image_url" if "image_url" in part else "image"
-    detail = part.get("image_url", {}).get("detail") if field == "image_url" else None
-    if isinstance(part.get(field), dict) and not isinstance(detail, str | None):
+    value = part.get(field)
+    if isinstance(value, dict) and not isinstance(value.get("detail"), str | None):
         raise bad_request(f"{where}.{field}.detail must be a string", reader.param)
     return ImagePart(reader.url(openai_image_url(part), f"{where}.{field}"))
 

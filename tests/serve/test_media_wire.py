@@ -183,3 +183,30 @@ def test_fetch_when_allowed(image_site: str) -> None:
     assert "HTTP 302" in refused(image_site + "/moved", on)  # redirects are not followed
     small = MediaPolicy(max_bytes=99, allow_fetch=True)
     assert "--max-image-bytes" in refused(image_site + "/a.png", small)
+
+
+def test_openai_part_spellings() -> None:
+    """mlx_lm.server's `_image_url` spellings: `image_url` or `image`, a string or `{url}`."""
+    from mlxd.serve.media_parts import ImagePart, images_of
+    from mlxd.serve.prompt import normalize_messages
+
+    a, b = picture(11), picture(12)
+    parts = [
+        {"type": "text", "text": "x"},
+        {"type": "image_url", "image_url": {"url": data_url(encode(a)), "detail": "high"}},
+        {"type": "input_image", "image_url": data_url(encode(b))},
+        {"type": "image", "image": data_url(encode(a))},
+        {"type": "image", "image": {"url": data_url(encode(b))}},
+    ]
+    (m,) = normalize_messages([{"role": "user", "content": parts}])
+    assert m["content"][0] == {"type": "text", "text": "x"}
+    assert all(isinstance(p, ImagePart) and p == {"type": "image"} for p in m["content"][1:])
+    got = [i.pixels for i in images_of([m])]
+    assert all(np.array_equal(g, e) for g, e in zip(got, [a, b, a, b], strict=True))
+    bad = {"type": "image_url", "image_url": {"url": data_url(encode(a)), "detail": 3}}
+    with pytest.raises(APIError, match=r"messages\[0\].content\[0\].image_url.detail"):
+        normalize_messages([{"role": "user", "content": [bad]}])
+    with pytest.raises(APIError, match="user messages only"):
+        normalize_messages([{"role": "system", "content": parts[1:2]}])
+    (text,) = normalize_messages([{"role": "user", "content": [parts[0], parts[0]]}])
+    assert text["content"] == "xx"  # text only: joined, as before
