@@ -27,9 +27,12 @@ from .speculate.drafting import drafts_in_batch
 Serial = tuple[SerialRow, RequestHandle, RowOutput]
 
 
-def serial_into_batch(serial: Serial, keys: KeyOwner) -> tuple[BatchedRow, list, list, list] | None:
-    """The serial row as a batch joiner: (row, tokens to feed, caches, tokens in cache).
-    A decoding row first emits its pending token; None if that token ended it."""
+def serial_into_batch(
+    serial: Serial, keys: KeyOwner
+) -> tuple[tuple[BatchedRow, list, list, list] | None, int]:
+    """The serial row as a batch joiner: (row, tokens to feed, caches, tokens in cache), and
+    the tokens it emitted here (a decoding row first emits its pending token; the joiner is
+    None if that token ended it)."""
     row, handle, out = serial
     feed, in_cache, logprobs = row.handoff()
     moved = BatchedRow(row.req, handle, out, generated=list(row.emitted), plan=row.plan)
@@ -44,10 +47,10 @@ def serial_into_batch(serial: Serial, keys: KeyOwner) -> tuple[BatchedRow, list,
             done = out.done(reason)
             done.random_key = keys.leave(row)
             handle.put(done)
-            return None
+            return None, 1
     key = keys.leave(row)
     moved.key = key if row.req.random_key is not None else None
-    return moved, feed, row.cache, in_cache
+    return (moved, feed, row.cache, in_cache), int(logprobs is not None)
 
 
 def drain_keeps_bits(attention: str) -> bool:

@@ -125,7 +125,8 @@ class Rows:
                 set_key(first.random_key)  # a user sampler draws from the thread's key
         if self.serial is not None and not self._serial_to_prefill_job():
             self.paths["serial->batched"] += 1
-            moved = serial_into_batch(self.serial, self.keys)
+            moved, emitted = serial_into_batch(self.serial, self.keys)
+            self.tokens += emitted  # its pending token, emitted as it moves
             self.serial = None
             if moved is not None:
                 for xs, x in zip((rows, prompts, caches, histories), moved, strict=True):

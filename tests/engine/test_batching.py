@@ -69,6 +69,8 @@ def test_join_mid_flight_keeps_the_serial_prefix_and_both_finish(tiny_model) -> 
             paths["batched->serial"] = 1
         assert engine.paths == paths
         assert engine.stats()["active"] == engine.stats()["waiting"] == 0
+        # every token counts once, the one the serial row emits as it joins the batch too
+        assert engine.stats()["tokens_generated"] == 40
     finally:
         engine.close()
 
