@@ -25,6 +25,7 @@ from .app import ServerState
 from .errors import APIError, bad_request, read_json
 from .generation import Generation
 from .limits import check_fits, message_text_bytes
+from .media import MediaPolicy
 from .openapi import operation
 from .params import GenParams, load_model, model_ref
 from .prompt import Prompt
@@ -43,7 +44,7 @@ async def _prompt(
     text's size checked against the context (limits.py), and only then the template run."""
     model_name(body)  # required here
     ref = model_ref(body)
-    conv = convert_request(body, state.config.chat_template_args)
+    conv = convert_request(body, state.config.chat_template_args, MediaPolicy.of(state.config))
     constrain(params, body, conv.tools)
     served = await load_model(state, ref, fallback=True)
     check_fits(served, message_text_bytes(conv.messages))

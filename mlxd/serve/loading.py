@@ -22,6 +22,8 @@ from ..model.folded_attention import is_folded, is_fused
 from ..model.folded_attention import unsupported as unfoldable
 from ..model.fused_projections import stack_in_place
 from ..model.resolve import resolve_model
+from ..model.vision.api import tokenizer_of
+from ..model.vision.model import VisionModel
 from .budget import kv_budget_from, make_store
 from .speculation import model_refusal
 
@@ -57,6 +59,8 @@ def load_model(config: ServeConfig, folder: Path, adapter: str | None) -> tuple[
         adapter_path=adapter,
         trust_remote_code=c.trust_remote_code,
     )[:2]
+    if isinstance(model, VisionModel):  # (model, mlx-vlm's processor): the server's tokenizer
+        model.processor, tokenizer = tokenizer, tokenizer_of(tokenizer)  # is mlx-lm's wrapper
     if c.use_default_chat_template and tokenizer.chat_template is None:
         tokenizer.chat_template = tokenizer.default_chat_template
     kv_config = kv_config_of(c)
@@ -117,6 +121,7 @@ def build_engine(
         vocab=args.vocab_size if args is not None and hasattr(args, "vocab_size") else None,
         embed_vocab=vocab_size(model, tokenizer),
         spec_refusal=model_refusal(model),
+        takes_images=isinstance(model, VisionModel),
     )
     return engine, facts
 

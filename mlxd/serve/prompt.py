@@ -36,6 +36,7 @@ class Prompt:
     # The decoded images, in prompt order; the messages keep `{"type": "image"}` in their place
     # for the template. Empty for text.
     images: tuple[MediaImage, ...] = ()
+    text: str = ""  # with images: the templated text a vision model's processor expands
 
 
 def normalize_messages(messages: Any, reader: MediaReader | None = None) -> list[dict[str, Any]]:
@@ -106,6 +107,11 @@ def chat_prompt(
     if isinstance(tokens, dict):  # some tokenizers return a BatchEncoding
         tokens = tokens["input_ids"]
     tokens = list(tokens)
+    if images:  # the processor expands each image's placeholder (vision_rows.py)
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, **turn, **template_args
+        )
+        return Prompt(tokens, initial_state(tokenizer, tokens), (), images, text)
     cuts = () if prefill else segment_cuts(tokenizer, messages, tools, template_args, tokens)
     return Prompt(tokens, initial_state(tokenizer, tokens), cuts, images)
 

@@ -34,6 +34,7 @@ from ..engine.arrivals import Arrivals
 from ..engine.request import Speculation
 from ..model import ModelLoadError
 from ..model.resolve import cached_repo, resolve_model
+from ..model.vision.load import is_vision_folder
 from .budget import hold_to_budget
 from .errors import APIError, bad_request
 from .loading import (
@@ -200,8 +201,10 @@ class ModelProvider:
         c = self.config
         folder = folder or resolve_model(ref)
         name = loaded_as(ref)
-        if c.isolation == "process":
+        if c.isolation == "process" and not is_vision_folder(folder):
             return remote_served(c, name, folder, adapter, held, draft, self.arrivals)
+        # A vision model's rows carry arrays (embeddings, mrope state) the engine process's
+        # wire does not: its engine runs in the server's process.
         model, tokenizer = load_model(c, folder, adapter)
         engine, facts = build_engine(c, model, tokenizer, folder, adapter, held, self.arrivals)
         served = Served(name, model, tokenizer, engine, context_length(folder), facts)

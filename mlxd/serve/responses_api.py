@@ -17,6 +17,7 @@ from .app import ServerState
 from .errors import APIError, bad_request, read_json
 from .generation import Generation
 from .limits import check_fits, message_text_bytes
+from .media import MediaPolicy
 from .openapi import operation
 from .params import GenParams, apply_tool_choice, check, load_model, model_ref, read_params
 from .prompt import chat_prompt, normalize_messages
@@ -145,7 +146,9 @@ async def _create(request: Request, state: ServerState, arrival: Any) -> Respons
     if not req.items:
         raise bad_request("input is required", "input")
     items = await req.history() + req.items
-    messages = normalize_messages(to_messages(items, req.instructions))
+    messages = normalize_messages(
+        to_messages(items, req.instructions, MediaPolicy.of(state.config))
+    )
     served = await load_model(state, req.model)
     check_fits(served, message_text_bytes(messages), "input")  # before the template (limits.py)
     args = req.template_args

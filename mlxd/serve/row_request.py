@@ -12,6 +12,7 @@ from .params import GenParams
 from .prompt import Prompt
 from .provider import Served
 from .speculation import row_speculation
+from .vision_rows import expand, sampler_for
 
 
 def constrained(served: Served, p: GenParams) -> Any:
@@ -33,6 +34,7 @@ def build_request(
 ) -> GenerationRequest:
     """`kv_config`: the loaded --kv-config (a kv.mixed.MixedKV), or None."""
     tok = served.tokenizer
+    prompt, vision = expand(served, prompt)
     n_prompt = len(prompt.tokens)
     if n_prompt == 0:
         raise bad_request("the prompt is empty", "prompt")
@@ -91,6 +93,10 @@ def build_request(
         top_logprobs=max(p.top_logprobs, 0),
         snapshot_at=prompt.cuts,
         adapter=served.adapter,  # a LoRA adapter's name as the request's model (lora.py)
-        speculation=served.draft_speculation(p, config)
-        or row_speculation(served, p, config, max_tokens),
+        speculation=None
+        if vision is not None
+        else served.draft_speculation(p, config) or row_speculation(served, p, config, max_tokens),
+        input_embeddings=None if vision is None else vision.embeddings,
+        model_kwargs=None if vision is None else vision.model_kwargs,
+        sampler=None if vision is None else sampler_for(served, p),
     )

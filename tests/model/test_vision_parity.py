@@ -14,15 +14,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from fixtures.tiny_vlm import tiny_vlm_dir
+from mlx_vlm import stream_generate as vlm_stream_generate
+from mlx_vlm.prompt_utils import apply_chat_template
+from mlx_vlm.utils import load as vlm_load
+from PIL import Image
 
 import mlxd
 from mlxd.model.vision.media import MediaImage
-
-pytest.importorskip("mlx_vlm")
-from mlx_vlm import stream_generate as vlm_stream_generate  # noqa: E402
-from mlx_vlm.prompt_utils import apply_chat_template  # noqa: E402
-from mlx_vlm.utils import load as vlm_load  # noqa: E402
-from PIL import Image  # noqa: E402
 
 ARCHS = ("qwen2_5_vl", "gemma3")
 MAX_TOKENS = 10

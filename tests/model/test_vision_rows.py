@@ -7,15 +7,11 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-import pytest
 from fixtures.tiny_vlm import tiny_vlm_dir
+from mlx_vlm.prompt_utils import apply_chat_template
 
 import mlxd
-
-pytest.importorskip("mlx_vlm")
-from mlx_vlm.prompt_utils import apply_chat_template  # noqa: E402
-
-from mlxd.model.vision.prompt import vision_prompt  # noqa: E402
+from mlxd.model.vision.prompt import vision_prompt
 
 STEPS = 6
 
