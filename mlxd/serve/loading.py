@@ -120,7 +120,9 @@ def build_engine(
         weight_bytes=weights,
         vocab=args.vocab_size if args is not None and hasattr(args, "vocab_size") else None,
         embed_vocab=vocab_size(model, tokenizer),
-        spec_refusal=model_refusal(model),
+        spec_refusal="speculative decoding does not run on vision models"
+        if isinstance(model, VisionModel)
+        else model_refusal(model),
         takes_images=isinstance(model, VisionModel),
     )
     return engine, facts

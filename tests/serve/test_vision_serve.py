@@ -99,3 +99,24 @@ def test_a_bad_image_is_a_400_naming_the_part_and_the_server_serves_on(vlm) -> N
     r = httpx.post(vlm["live"].v1 + "/chat/completions", json=body, timeout=60)
     assert r.status_code == 400 and "messages[0].content[1]" in r.text, r.text
     assert len(openai_chat(vlm["live"], [png(4, (56, 56))])[0]) == TOKENS
+
+
+def test_image_and_text_rows_at_once_each_answer_as_alone(vlm) -> None:
+    """Text rows batch (mrope's per-row positions on Qwen-VL); a row with images runs beside
+    them; every answer is the one it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    live, image = vlm["live"], png(5, (56, 70))
+
+    def text_row(i: int) -> list[int]:
+        body = {"messages": [{"role": "user", "content": f"Count to {i}."}], "max_tokens": TOKENS,
+                "temperature": 0.0, "logprobs": True}  # fmt: skip
+        r = httpx.post(live.v1 + "/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return [c["id"] for c in r.json()["choices"][0]["logprobs"]["content"]]
+
+    jobs = [lambda: openai_chat(live, [image])[0], *(lambda i=i: text_row(i) for i in range(3))]
+    alone = [job() for job in jobs]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        together = list(pool.map(lambda job: job(), jobs))
+    assert together == alone

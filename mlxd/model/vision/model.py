@@ -53,11 +53,22 @@ class VisionModel(nn.Module):
         **extra: Any,
     ) -> mx.array:
         lm = self.language_model
+        if _batched(cache) and hasattr(lm, "_rope_deltas"):
+            return self._batched_text(lm, inputs, cache)
         kwargs = extra if input_embeddings is not None else {}  # decode steps: none, as mlx-vlm
         self._restore(lm, cache)
         out = lm(inputs, inputs_embeds=input_embeddings, cache=cache, logits_to_keep=1, **kwargs)
         self._save(lm, cache)
         return out.logits
+
+    @staticmethod
+    def _batched_text(lm: nn.Module, inputs: mx.array, cache: list[Any]) -> mx.array:
+        """A batched step (every row text: rows with images run alone): mrope's positions are
+        the rows' own offsets, each row's delta 0, given per row as mlx-vlm's batch does."""
+        for name in _ROW_STATE:
+            setattr(lm, name, None)  # no row's state applies to the batch
+        deltas = mx.zeros((inputs.shape[0], 1), dtype=mx.int32)
+        return lm(inputs, cache=cache, logits_to_keep=1, rope_deltas=deltas).logits
 
     @staticmethod
     def _restore(lm: nn.Module, cache: list[Any] | None) -> None:
@@ -97,3 +108,9 @@ class VisionModel(nn.Module):
         prompt.model_kwargs = kwargs
         prompt.embeddings = out.inputs_embeds[0]
         return prompt.embeddings
+
+
+def _batched(cache: list[Any] | None) -> bool:
+    """A batch's caches keep one offset per row (mlx-lm's BatchKVCache)."""
+    offset = getattr(cache[0], "offset", None) if cache else None
+    return isinstance(offset, mx.array) and offset.ndim > 0
