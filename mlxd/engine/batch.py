@@ -6,6 +6,8 @@ decides who joins and when, and maps its responses back to the rows' handles.
 """
 
 import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import mlx.core as mx
@@ -16,6 +18,7 @@ from ..config import EngineConfig
 from ..kv.additive_mask import takes_additive
 from ..kv.batch_quantized import mergeable
 from ..model.folded_attention import for_mode
+from ..model.vision.model import VisionModel
 from ..store.layers import clone
 from . import instrument as parts
 from .adapters import uid_slots
@@ -55,6 +58,7 @@ class BatchedRows:
     ) -> None:
         self.sharing = sharing
         self.fmt = fmt  # the KV format of every row's caches (None: unquantized)
+        self.vision = model if isinstance(model, VisionModel) else None
         model = for_mode(model, config.attention)
         self.gen = RowsGenerator(
             model,
@@ -86,6 +90,7 @@ class BatchedRows:
             model
         )  # its prefill mask, additive where cuDNN takes it
         self.decode.wants = wants_of(self.rows)  # logprob figures built in the step (Readout)
+        self._row_calls(None)
         self._stats_window = self.gen.stats()
         self.stats = self._stats_window.__enter__()  # mlx-lm's BatchStats for this batch
 
@@ -128,11 +133,27 @@ class BatchedRows:
             row.uid = uid
             self.rows[uid] = row
         if rows and (reg := rows[0].req.adapter_slots) is not None:  # the engine's adapters
-            self.decode.adapter_rows = self.gen._prompt_batch.adapter_rows = uid_slots(
-                reg, self.rows
-            )
+            self._row_calls(uid_slots(reg, self.rows))
         if self.decode.drafting is None and any(drafts_in_batch(r.req) for r in rows):
             self.decode.drafting = Drafting(speculation_of(self.rows), lambda: self.draft_model)
+
+    def _row_calls(self, slots: Callable[[Sequence[int]], AbstractContextManager] | None) -> None:
+        """What every batched model call sets first, by uid in the call's row order: the rows'
+        adapter slots, and a vision model's per-row state (each row's own mrope delta)."""
+        vision, rows = self.vision, self.rows
+        if slots is None and vision is None:
+            return
+
+        def around(uids: Sequence[int]) -> AbstractContextManager:
+            stack = ExitStack()
+            if slots is not None:
+                stack.enter_context(slots(uids))
+            if vision is not None:
+                states = [r.model_state if (r := rows.get(u)) is not None else None for u in uids]
+                stack.enter_context(vision.rows(states))
+            return stack
+
+        self.decode.adapter_rows = self.gen._prompt_batch.adapter_rows = around
 
     @staticmethod
     def _segments(row: BatchedRow, feed: list[int], history: list[int]) -> list[list[int]]:

@@ -29,6 +29,9 @@ class BatchedRow:
     cuts: list[int] = field(default_factory=list)  # snapshot positions still ahead of it
     offset: int = 0  # tokens in its cache when it was inserted
     processors: list[Any] | None = None  # its own, when siblings of one request need twins
+    # the model's per-row state a row that ran alone brings (a vision row's mrope delta,
+    # model/vision/model.py): the batch's calls pass each row's, in row order
+    model_state: Any = None
 
     def sampler(self):
         if self.key is None or self.req.draws is None or self.req.sampler is None:
@@ -42,13 +45,12 @@ class BatchedRow:
 
 def batchable(req: GenerationRequest, config: EngineConfig) -> str | None:
     """None when the request can share the batched step, else the reason it runs alone.
-    mlx-lm's rule: a row is batchable when every one of its cache layers can merge."""
+    mlx-lm's rule: a row is batchable when every one of its cache layers can merge. A row with
+    input embeddings prefills alone, then decodes in the batch (moves.needs_own_prefill)."""
     if drafts(req):
         return "a draft-model request runs one row at a time"
     if req.max_kv_size != config.max_kv_size:
         return "a max_kv_size other than the engine's runs one row at a time"
-    if req.input_embeddings is not None:
-        return "input embeddings run one row at a time"
     if req.prompt_cache is not None and not all(_merges(c) for c in req.prompt_cache):
         return "a prompt_cache with layers that cannot merge runs one row at a time"
     return None

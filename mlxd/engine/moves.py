@@ -14,6 +14,7 @@ from mlx_lm.generate import generation_stream
 from ..kv.batch_quantized import is_quantized
 from ..kv.convert import converter
 from ..model.folded_attention import is_folded
+from ..model.vision.model import VisionModel
 from .batch import BatchedRows
 from .batch_row import BatchedRow
 from .output import RowOutput
@@ -38,6 +39,7 @@ def serial_into_batch(
     moved = BatchedRow(row.req, handle, out, generated=list(row.emitted), plan=row.plan)
     moved.processors = row.processors  # its own (a sibling's twin), or the request's
     moved.cuts = list(row.cuts)  # snapshot points its prefill has not reached yet
+    moved.model_state = VisionModel.row_state(row.cache)  # its mrope delta, where it has one
     if logprobs is not None:
         in_cache = in_cache + row.emitted
         moved.generated.append(feed[0])
@@ -82,6 +84,8 @@ def last_row_out(batch: BatchedRows, model: Any, keys: KeyOwner) -> Serial | Non
     row = SerialRow.resume(model, req, generation_stream, cache, pending, history, brow.generated,
                            brow.processors)  # fmt: skip
     row.plan = brow.plan  # its cache still goes to the prefix store when it ends
+    if isinstance(model, VisionModel):
+        model.resume(cache, brow.model_state)  # its own mrope delta again, on its caches
     batch.remove(brow)
     if (key := brow.current_key()) is not None:
         keys.adopt(row, key)
@@ -109,8 +113,11 @@ def quantizes(req: GenerationRequest) -> bool:
 
 
 def needs_own_prefill(req: GenerationRequest, plan: Plan | None) -> bool:
-    """A quantizing row whose prefill converts its caches (mlx-lm checks after each prefill
-    chunk; the prefill covers all but the last prompt token) or runs on quantized caches."""
+    """A row with input embeddings (the batch's prefill feeds token ids), and a quantizing row
+    whose prefill converts its caches (mlx-lm checks after each prefill chunk; the prefill
+    covers all but the last prompt token) or runs on quantized caches."""
+    if req.input_embeddings is not None:
+        return True
     if not quantizes(req):
         return False
     start = plan.start if plan is not None else 0
@@ -160,11 +167,13 @@ def crossing(batch: BatchedRows, events: list[Event]) -> list[Joiner]:
 
 
 # A prompt prefilled alone, a chunk per engine turn, beside the batch: `n` > 1 (several rows from
-# one prompt, prefilled once) and quantized-KV rows whose prefill converts their caches.
+# one prompt, prefilled once), quantized-KV rows whose prefill converts their caches, and rows
+# with input embeddings (a vision model's images).
 #
 # The prompt (all but its last token) is prefilled on one serial cache, as generate_step does;
 # then the cache is copied for each sibling and all of them join the batch, each feeding the last
-# prompt token with its own sampler stream.
+# prompt token with its own sampler stream. A row with embeddings also takes its first step
+# alone (its last prompt position is an embedding too) and joins decoding, as a serial row does.
 
 
 class ForkJob:
@@ -179,9 +188,25 @@ class ForkJob:
         self.outs = outs or [RowOutput(req, tokenizer, h.submitted) for h in handles]
 
     @property
+    def embeds(self) -> bool:
+        return self.req.input_embeddings is not None
+
+    @property
     def ready(self) -> bool:
-        """True once only the last prompt token is left (the point where rows diverge)."""
+        """True once only the last prompt token is left (the point where rows diverge); with
+        embeddings, once the first token is sampled."""
+        if self.embeds:
+            return not self.row.prefilling
         return self.row.total - self.row.processed <= 1
+
+    @property
+    def samples_next(self) -> bool:
+        """Its next step samples the row's first token (with embeddings: here, alone)."""
+        return self.embeds and self.row.total - self.row.processed <= 1
+
+    def joiner(self, keys: KeyOwner) -> tuple[Joiner | None, int]:
+        """The prefilled row with embeddings as a batch joiner, as serial_into_batch."""
+        return serial_into_batch((self.row, self.handles[0], self.outs[0]), keys)
 
     def step(self) -> None:
         self.row.prefill_chunk()

@@ -112,6 +112,13 @@ class Rows:
 
     # where rows go
     def add_fork(self, job: ForkJob, path: str, count: int = 1) -> None:
+        if job.embeds:
+            if len(job.handles) > 1:  # its siblings would need the last embedding each
+                e = ValueError("n > 1 does not run with input embeddings")
+                for handle, out in zip(job.handles, job.outs, strict=True):
+                    handle.put(out.done("error", e))
+                return
+            path = "embeddings prefill"  # alone beside the batch, then it decodes there
         job.row.clears = self.config.clear_cache
         self.forks.append(job)
         self.paths[path] += count
@@ -149,18 +156,20 @@ class Rows:
         """A quantized-KV serial row mid-prefill goes on prefilling alone, beside the batch
         (its conversion must land after mlx-lm's chunk): it becomes a prefill job."""
         row, handle, out = self.serial
-        if not row.prefilling or not quantizes(row.req):
-            return False
-        if row.total - row.processed <= 1:
-            return False
-        if not is_quantized(row.cache) and row.total - 1 < row.req.quantized_kv_start:
-            return False
+        embeds = row.prefilling and row.req.input_embeddings is not None
+        if not embeds:  # a row with embeddings prefills them alone (the batch feeds ids)
+            if not row.prefilling or not quantizes(row.req):
+                return False
+            if row.total - row.processed <= 1:
+                return False
+            if not is_quantized(row.cache) and row.total - 1 < row.req.quantized_kv_start:
+                return False
         self.keys.leave(row)
         job = ForkJob(self._model(), row.req, [handle], generation_stream, self.tokenizer,
                       row.plan, outs=[out], row=row)  # fmt: skip
         self.forks.append(job)
         self.serial = None
-        self.paths["serial->quantized prefill"] += 1
+        self.paths["serial->embeddings prefill" if embeds else "serial->quantized prefill"] += 1
         return True
 
     # one turn of each kind
@@ -174,9 +183,18 @@ class Rows:
                     self.forks.remove(job)
                     continue
                 if not job.ready:
+                    if job.samples_next:  # its first token draws from its own key
+                        self.keys.enter(job.row, job.req.random_key)
                     job.step()
                     continue
                 self.forks.remove(job)
+                if job.embeds:  # prefilled and sampled alone: it joins decoding
+                    moved, emitted = job.joiner(self.keys)
+                    self.tokens += emitted
+                    self.paths["serial->batched"] += 1
+                    if moved is not None:
+                        self.into_batch(*([x] for x in moved))
+                    continue
                 rows, prompts, caches, histories = job.rows()
                 if rows:
                     self.into_batch(rows, prompts, caches, histories)

@@ -5,9 +5,14 @@ mlx-vlm's generate_step does (`logits_to_keep=1`, the prompt's extra keyword arg
 calls that carry embeddings) and returns its logits. Per-row position state: Qwen-VL's language
 model keeps mrope's `_rope_deltas` / `_position_ids` on itself between calls; here that state
 is saved on the row's first cache entry after each call and put back before the next, so rows
-that take turns on one model never read each other's.
+that take turns on one model never read each other's. A batched call (a batch's caches keep
+one offset per row) takes its rows' states in row order from `rows(...)`, set by the engine's
+batch around each call: mrope's positions are each row's offset plus its own delta (0 for a
+text row), given as `rope_deltas` of shape (B, 1) as mlx-vlm's own batch does.
 """
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import mlx.core as mx
@@ -17,6 +22,14 @@ from .prompt import VisionPrompt
 
 _ROW_STATE = ("_rope_deltas", "_position_ids")  # language-model attributes that are per row
 _SLOT = "mlxd_row_state"  # the attribute on a row's cache[0] that holds them between calls
+RowState = dict[str, Any] | None  # a row's saved state (None: a text row that never ran alone)
+
+
+class _Rows:
+    """The rows of the batched call being built (a plain holder: an nn.Module attribute that is
+    a list would count as one of its parameters)."""
+
+    states: Sequence[RowState] | None = None
 
 
 class VisionModel(nn.Module):
@@ -26,6 +39,7 @@ class VisionModel(nn.Module):
         super().__init__()
         self.vlm = vlm
         self.model_type = getattr(vlm.config, "model_type", "")
+        self._rows = _Rows()
 
     @property
     def language_model(self) -> nn.Module:
@@ -54,21 +68,45 @@ class VisionModel(nn.Module):
     ) -> mx.array:
         lm = self.language_model
         if _batched(cache) and hasattr(lm, "_rope_deltas"):
-            return self._batched_text(lm, inputs, cache)
+            return self._batched_call(lm, inputs, cache)
         kwargs = extra if input_embeddings is not None else {}  # decode steps: none, as mlx-vlm
         self._restore(lm, cache)
         out = lm(inputs, inputs_embeds=input_embeddings, cache=cache, logits_to_keep=1, **kwargs)
         self._save(lm, cache)
         return out.logits
 
-    @staticmethod
-    def _batched_text(lm: nn.Module, inputs: mx.array, cache: list[Any]) -> mx.array:
-        """A batched step (every row text: rows with images run alone): mrope's positions are
-        the rows' own offsets, each row's delta 0, given per row as mlx-vlm's batch does."""
+    @contextmanager
+    def rows(self, states: Sequence[RowState]) -> Iterator[None]:
+        """The batched calls inside get these rows' states, in the batch's row order."""
+        before, self._rows.states = self._rows.states, states
+        try:
+            yield
+        finally:
+            self._rows.states = before
+
+    def _batched_call(self, lm: nn.Module, inputs: mx.array, cache: list[Any]) -> mx.array:
+        """A batched step (rows with images prefilled alone, so only token ids come here):
+        mrope's positions are the rows' own offsets plus each row's delta, given per row as
+        mlx-vlm's batch does."""
         for name in _ROW_STATE:
-            setattr(lm, name, None)  # no row's state applies to the batch
-        deltas = mx.zeros((inputs.shape[0], 1), dtype=mx.int32)
+            setattr(lm, name, None)  # no one row's state applies to the batch
+        deltas = _deltas(self._rows.states, inputs.shape[0])
         return lm(inputs, cache=cache, logits_to_keep=1, rope_deltas=deltas).logits
+
+    @staticmethod
+    def row_state(cache: list[Any]) -> RowState:
+        """A row's state saved on its caches after its last call alone (None: none saved)."""
+        return getattr(cache[0], _SLOT, None) if cache else None
+
+    def resume(self, cache: list[Any], state: RowState) -> None:
+        """A row leaving a batch for serial caches goes on from its state: its own, or a text
+        row's (delta 0, mrope's 3-D positions as mlx-vlm's prefill of text leaves them)."""
+        if not cache or not hasattr(self.language_model, "_rope_deltas"):
+            return
+        if state is None:
+            zero = mx.zeros((1, 1), dtype=mx.int32)
+            state = {"_rope_deltas": zero, "_position_ids": mx.zeros((3, 1, 1), mx.int32)}
+        setattr(cache[0], _SLOT, state)
 
     @staticmethod
     def _restore(lm: nn.Module, cache: list[Any] | None) -> None:
@@ -108,6 +146,19 @@ class VisionModel(nn.Module):
         prompt.model_kwargs = kwargs
         prompt.embeddings = out.inputs_embeds[0]
         return prompt.embeddings
+
+
+def _deltas(states: Sequence[RowState] | None, rows: int) -> mx.array:
+    """Each row's mrope delta, (B, 1) in row order: a text row's is 0."""
+    if states is None or len(states) != rows:
+        return mx.zeros((rows, 1), dtype=mx.int32)  # a batch of text rows only
+    deltas = [(s or {}).get("_rope_deltas") for s in states]
+    if all(d is None for d in deltas):
+        return mx.zeros((rows, 1), dtype=mx.int32)
+    return mx.concatenate(
+        [mx.zeros((1, 1), mx.int32) if d is None else d.reshape(1, 1).astype(mx.int32)
+         for d in deltas]
+    )  # fmt: skip
 
 
 def _batched(cache: list[Any] | None) -> bool:
