@@ -1,6 +1,10 @@
 """The engine's side of the prefix store: a row starts from the longest stored prefix of its
 prompt, snapshots its cache at prompt boundaries, and hands its whole cache back when it ends.
 
+A prompt with images is keyed by its `cache_key` (each image's patch tokens as negative ids from
+its pixels' digest): the same picture at the same place hits, another one stops the match at
+its first patch, and no cut falls inside an image's tokens.
+
 A request whose prompt shares a long prefix with a row that is about to snapshot it waits for
 that snapshot instead of computing the same tokens again (one prefill for a shared prefix).
 """
@@ -36,9 +40,21 @@ def cuts_for(req: GenerationRequest, start: int = 0, grid: int = 0) -> list[tupl
     n = len(req.prompt)
     cuts = {c: k for c, k in req.snapshot_at if 0 < c < n - 1}
     cuts[n - 1] = "user"
-    if grid:
-        cuts = {c // grid * grid: k for c, k in sorted(cuts.items())}
+    key = prompt_ids(req) if req.cache_key is not None else None
+    if grid or key is not None:
+        cuts = {clear_of_media(key, c, grid): k for c, k in sorted(cuts.items())}
     return sorted((c, k) for c, k in cuts.items() if c > start)
+
+
+def clear_of_media(key: np.ndarray | None, at: int, grid: int = 0) -> int:
+    """`at` moved back (to a grid point, on a grid) until it falls outside every image's patch
+    tokens: a cache holding part of an image serves no prompt."""
+    while True:
+        if grid:
+            at = at // grid * grid
+        if key is None or not 0 < at < len(key) or key[at - 1] >= 0 or key[at] >= 0:
+            return at
+        at -= 1
 
 
 @dataclass
@@ -66,11 +82,17 @@ class PrefixSharing:
             scheme += f"|{req.kv_config.key}"
         if req.adapter is not None and req.adapter_slots is not None:  # its name and content
             scheme += f"|lora:{req.adapter_slots.key(req.adapter)}"
+        if req.input_embeddings is not None:
+            # A row fed embeddings (and Qwen-VL's mrope positions) shares no entry with text rows,
+            # whose same tokens a vision model computes another way (its own positions).
+            scheme += "|embeddings"
         return f"{self.base}|{scheme}"
 
     @staticmethod
     def eligible(req: GenerationRequest) -> bool:
-        return req.use_prefix_store and req.prompt_cache is None and req.input_embeddings is None
+        """Rows with input embeddings only with a key that names them (images' digests)."""
+        keyed = req.input_embeddings is None or req.cache_key is not None
+        return req.use_prefix_store and req.prompt_cache is None and keyed
 
     def leads(self, req: GenerationRequest) -> bool:
         """Worth starting ahead of a held wave: the store lacks a prefill step or more of the
@@ -92,7 +114,10 @@ class PrefixSharing:
         """Look the prompt up; the clone it returns is the row's to write."""
         ns = self.namespace(req)
         try:
-            hit = self.store.lookup(ns, prompt_ids(req))
+            key = prompt_ids(req)
+            hit = self.store.lookup(ns, key)
+            if hit is not None and (at := clear_of_media(key, hit.length)) < hit.length:
+                hit = self.store.lookup(ns, key[: at + 1]) if at else None  # before the image
         except Exception:  # noqa: BLE001 - a store failure costs a miss, never the row
             log.exception("prefix store lookup failed; the row prefills its whole prompt")
             hit = None
@@ -110,8 +135,8 @@ class PrefixSharing:
 
     def add_cut(self, req: GenerationRequest, plan: Plan, at: int) -> None:
         """One more snapshot for a row that has not started: where others share its prompt."""
-        if self.grid:
-            at = at // self.grid * self.grid
+        key = prompt_ids(req) if req.cache_key is not None else None
+        at = clear_of_media(key, at, self.grid)
         if at <= plan.start or any(c == at for c, _ in plan.cuts):
             return
         if any(0 < at - c < self.share_min for c, _ in plan.cuts if c > plan.start):
@@ -205,6 +230,8 @@ class PrefixSharing:
         exact = -1
         if self.grid:
             exact = (len(req.prompt) - 1) // self.grid * self.grid if solo else 0
+        if req.cache_key is not None:  # the prompt part under its key, the answer as tokens
+            tokens = (list(req.cache_key) + list(tokens[len(req.cache_key) :]))[: len(tokens)]
         self._insert(plan.namespace, tokens, cache, "assistant", exact)
         self.forget(req)
 
@@ -229,7 +256,10 @@ class PrefixSharing:
 
 
 def prompt_ids(req: GenerationRequest) -> np.ndarray:
-    """The prompt's ids as int32, read through the array's buffer: a 4k-token prompt's
-    `tolist()` and `np.asarray` of the list cost ~0.3 ms, paid several times a joiner at
-    admission (~1 ms a row of a 32-row wave's 31-37 ms on the CPU)."""
+    """The prompt's store key as int32: its `cache_key` when it has one, else its ids, read
+    through the array's buffer: a 4k-token prompt's `tolist()` and `np.asarray` of the list cost
+    ~0.3 ms, paid several times a joiner at admission (~1 ms a row of a 32-row wave's 31-37 ms
+    on the CPU)."""
+    if req.cache_key is not None:
+        return np.asarray(req.cache_key, dtype=np.int32)
     return np.asarray(req.prompt).reshape(-1).astype(np.int32, copy=False)

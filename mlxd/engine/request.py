@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .sampling import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
+MEDIA_KEY = "mlxd_cache_key"  # model_kwargs' entry that carries a row's `cache_key` in
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
@@ -55,6 +56,10 @@ class GenerationRequest:
     # Keyword arguments for the model calls that carry `input_embeddings` (a vision model's
     # position ids and rope deltas: mlxd.model.vision); the decode steps get none.
     model_kwargs: dict[str, Any] | None = None
+    # The prefix store's key for a prompt with images: `prompt` with each image's patch tokens
+    # replaced by negative ids derived from its pixels' digest (serve/vision_rows.py); a row with
+    # `input_embeddings` and no key stays out of the store.
+    cache_key: list[int] | None = None
     prompt_progress_callback: Callable[[int, int], None] | None = None
     stop_token_ids: frozenset[int] = frozenset()  # the row ends after emitting one of these
     # Multi-token stop sequences (mlx-lm's StopSequences: Aho-Corasick over token ids).
@@ -85,6 +90,16 @@ class GenerationRequest:
     constraint: Any = None
     # set by the engine at submit: its adapters, which each model call of this row sets first
     adapter_slots: "EngineAdapters | None" = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A key handed over inside model_kwargs (MEDIA_KEY) moves to `cache_key`: it is no
+        # argument of the model's.
+        if self.model_kwargs is not None and MEDIA_KEY in self.model_kwargs:
+            kwargs = dict(self.model_kwargs)
+            key = kwargs.pop(MEDIA_KEY)
+            self.model_kwargs = kwargs
+            if self.cache_key is None:
+                self.cache_key = key
 
 
 @dataclass

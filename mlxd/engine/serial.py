@@ -81,8 +81,14 @@ class SerialRow:
         self._track_key()
         start = plan.start if plan is not None else 0
         self.cuts = [c for c, _ in plan.cuts] if plan is not None else []
-        self.prompt, self.emb = req.prompt[start:], req.input_embeddings
-        self.total = len(self.emb) if self.emb is not None else len(req.prompt)
+        emb = req.input_embeddings
+        self.total = len(emb) if emb is not None else len(req.prompt)
+        # A stored prefix holds the first `start` positions: the rest of the prompt and its
+        # embeddings are fed (Qwen-VL slices its positions by the cache's offset itself).
+        self.prompt, self.emb = (
+            req.prompt[start:],
+            emb[start:] if emb is not None and start else emb,
+        )
         self.processed = self.fed = start  # prompt tokens prefilled / all tokens in the cache
         # History the logits processors see: the whole prompt, a stored prefix included.
         self.tokens: mx.array | None = (

@@ -2,13 +2,18 @@
 placeholder into its patch tokens, the vision tower turns the pixels into the prompt's
 embeddings (here, in the request's thread, before the row is queued), and the row carries
 them with the language model's prompt arguments (mrope's positions for Qwen-VL). A seeded
-sampled row draws as mlx-vlm's generate does (its positioned keys)."""
+sampled row draws as mlx-vlm's generate does (its positioned keys).
+
+The prefix store keys such a row by `media_key`: the prompt with each image's patch tokens
+replaced by negative ids from the digest of its decoded pixels, so a turn that sends the same
+picture again (as any encoding) reuses the cache past it, and another picture never does."""
 
 from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
 
+from ..engine.request import MEDIA_KEY
 from ..model.vision.prompt import VisionPrompt, vision_prompt
 from ..model.vision.sampling import vision_sampler
 from .errors import bad_request
@@ -36,7 +41,11 @@ def expand(served: Any, prompt: Prompt) -> tuple[Prompt, VisionRow | None]:
     arrays = [v for v in vp.model_kwargs.values() if isinstance(v, mx.array)]
     mx.eval(vp.input_ids, vp.embeddings, arrays)  # the engine runs on its own stream
     tokens = vp.input_ids.tolist()
-    row = VisionRow(vp.embeddings, vp.model_kwargs, vp.digests)
+    kwargs = dict(vp.model_kwargs)
+    key = media_key(tokens, image_token(model.config), vp.digests)
+    if key is not None:  # the request takes it out of the model's arguments (engine/request.py)
+        kwargs[MEDIA_KEY] = key
+    row = VisionRow(vp.embeddings, kwargs, vp.digests)
     return replace(prompt, tokens=tokens, cuts=()), row
 
 
@@ -45,3 +54,38 @@ def sampler_for(served: Any, p: Any) -> Any:
     if p.seed is None or p.temperature <= 0:
         return None
     return vision_sampler(served.model.config, p.temperature, p.top_p, p.top_k, p.min_p, p.seed)
+
+
+def image_token(config: Any) -> int | None:
+    """The id the processor repeats for each patch of an image (Qwen-VL's <|image_pad|>,
+    Gemma 3's <image_soft_token>), as mlx-vlm's models name it."""
+    for name in ("image_token_id", "image_token_index"):
+        if isinstance(tok := getattr(config, name, None), int):
+            return tok
+    return None
+
+
+def media_id(digest: str, j: int) -> int:
+    """The key id of an image's j-th patch token: one of the digest's eight 31-bit words, turn
+    about, made negative (no vocabulary id is; int32, as the store keeps keys). A run of 8
+    patches or more keys on 248 bits of the digest."""
+    word = int(digest[8 * (j % 8) : 8 * (j % 8) + 8], 16) >> 1
+    return -1 - word
+
+
+def media_key(tokens: list[int], token: int | None, digests: tuple[str, ...]) -> list[int] | None:
+    """`tokens` with the i-th run of `token` keyed by the i-th digest; None (no store for the
+    row) when the runs and the images do not pair up one to one."""
+    if token is None:
+        return None
+    key, runs, j = list(tokens), -1, 0
+    for i, t in enumerate(tokens):
+        if t != token:
+            continue
+        if i == 0 or tokens[i - 1] != token:
+            runs, j = runs + 1, 0
+            if runs >= len(digests):
+                return None
+        key[i] = media_id(digests[runs], j)
+        j += 1
+    return key if runs + 1 == len(digests) else None
