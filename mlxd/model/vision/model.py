@@ -100,19 +100,18 @@ class VisionModel(nn.Module):
 
     def resume(self, cache: list[Any], state: RowState) -> None:
         """A row leaving a batch for serial caches goes on from its state: its own, or a text
-        row's (delta 0, mrope's 3-D positions as mlx-vlm's prefill of text leaves them)."""
-        if not cache or not hasattr(self.language_model, "_rope_deltas"):
-            return
-        if state is None:
-            zero = mx.zeros((1, 1), dtype=mx.int32)
-            state = {"_rope_deltas": zero, "_position_ids": mx.zeros((3, 1, 1), mx.int32)}
-        setattr(cache[0], _SLOT, state)
+        row's when it had none (`_text_state`)."""
+        if cache and hasattr(self.language_model, "_rope_deltas"):
+            setattr(cache[0], _SLOT, state if state is not None else _text_state())
 
     @staticmethod
     def _restore(lm: nn.Module, cache: list[Any] | None) -> None:
         if not cache:
             return
-        saved = getattr(cache[0], _SLOT, {})  # a fresh row starts from none (a fresh model)
+        saved = getattr(cache[0], _SLOT, None)
+        if saved is None:  # a fresh row starts from none (a fresh model); a cache that holds
+            # tokens but no state (the prefix store's) is a text prefix: a delta of 0
+            saved = _text_state() if _offset(cache[0]) > 0 else {}
         for name in _ROW_STATE:
             if hasattr(lm, name):
                 setattr(lm, name, saved.get(name))
@@ -146,6 +145,18 @@ class VisionModel(nn.Module):
         prompt.model_kwargs = kwargs
         prompt.embeddings = out.inputs_embeds[0]
         return prompt.embeddings
+
+
+def _text_state() -> dict[str, Any]:
+    """A text row's mrope state: delta 0, and 3-D positions (mlx-vlm's prefill of text leaves
+    them 3-D; only their rank is read once the cache holds tokens)."""
+    zero = mx.zeros((1, 1), dtype=mx.int32)
+    return {"_rope_deltas": zero, "_position_ids": mx.zeros((3, 1, 1), dtype=mx.int32)}
+
+
+def _offset(layer: Any) -> int:
+    offset = getattr(layer, "offset", 0)
+    return int(offset) if not isinstance(offset, mx.array) else int(offset.max().item())
 
 
 def _deltas(states: Sequence[RowState] | None, rows: int) -> mx.array:
