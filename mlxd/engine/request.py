@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from .sampling import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
-MEDIA_KEY = "mlxd_cache_key"  # model_kwargs' entry that carries a row's `cache_key` in
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
@@ -90,16 +89,6 @@ class GenerationRequest:
     constraint: Any = None
     # set by the engine at submit: its adapters, which each model call of this row sets first
     adapter_slots: "EngineAdapters | None" = field(default=None, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # A key handed over inside model_kwargs (MEDIA_KEY) moves to `cache_key`: it is no
-        # argument of the model's.
-        if self.model_kwargs is not None and MEDIA_KEY in self.model_kwargs:
-            kwargs = dict(self.model_kwargs)
-            key = kwargs.pop(MEDIA_KEY)
-            self.model_kwargs = kwargs
-            if self.cache_key is None:
-                self.cache_key = key
 
 
 @dataclass

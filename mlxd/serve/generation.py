@@ -115,6 +115,7 @@ class Generation:
             try:
                 kv_config = state.provider.kv_config
                 req = build_request(self.served, self.prompt, self.params, state.config, kv_config)
+                self.usage.prompt_tokens = len(req.prompt)  # images' placeholders expanded
                 req.prompt_progress_callback = progress  # the request log's (request_log.py)
                 engine = self.served.engine
                 if self.params.n == 1:

@@ -98,5 +98,6 @@ def build_request(
         else served.draft_speculation(p, config) or row_speculation(served, p, config, max_tokens),
         input_embeddings=None if vision is None else vision.embeddings,
         model_kwargs=None if vision is None else vision.model_kwargs,
+        cache_key=None if vision is None else vision.cache_key,
         sampler=None if vision is None else sampler_for(served, p),
     )

@@ -13,7 +13,6 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..engine.request import MEDIA_KEY
 from ..model.vision.prompt import VisionPrompt, vision_prompt
 from ..model.vision.sampling import vision_sampler
 from .errors import bad_request
@@ -25,6 +24,7 @@ class VisionRow:
     embeddings: mx.array
     model_kwargs: dict[str, Any]
     digests: tuple[str, ...]
+    cache_key: list[int] | None  # the prefix store's key (media_key), None: no store
 
 
 def expand(served: Any, prompt: Prompt) -> tuple[Prompt, VisionRow | None]:
@@ -43,9 +43,7 @@ def expand(served: Any, prompt: Prompt) -> tuple[Prompt, VisionRow | None]:
     tokens = vp.input_ids.tolist()
     kwargs = dict(vp.model_kwargs)
     key = media_key(tokens, image_token(model.config), vp.digests)
-    if key is not None:  # the request takes it out of the model's arguments (engine/request.py)
-        kwargs[MEDIA_KEY] = key
-    row = VisionRow(vp.embeddings, kwargs, vp.digests)
+    row = VisionRow(vp.embeddings, kwargs, vp.digests, key)
     return replace(prompt, tokens=tokens, cuts=()), row
 
 
