@@ -13,6 +13,8 @@ rm -rf .whlE && mv .whlB/extra .whlE
 # The engine process's IPC (pyzmq's abi3 wheel, msgspec).
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whlE pyzmq==27.3.0 msgspec==0.20.0
+# `POST /v1/files`' form parser (the jobs benchmark uploads its training file).
+python3 -m pip download -q --no-deps -d .whlE python-multipart==0.0.34
 # py-spy for ops.sh (samples the server's threads and the GIL holder).
 python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_x86_64 -d .whlE \
   py-spy==0.4.3
