@@ -179,6 +179,8 @@ class Engine:
             raise ValueError(f"n must be at most {self.batch} (the engine's batch size)")
         if n > 1 and (why := batchable(req, self.config)) is not None:
             raise ValueError(f"n > 1 needs the batched step, and {why}")
+        if n > 1 and req.input_embeddings is not None:  # each sibling would need its last one
+            raise ValueError("n > 1 does not run with input embeddings")
         req.n = n
         handles = handles or [RequestHandle() for _ in range(n)]
         groups = self.rows.groups

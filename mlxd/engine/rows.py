@@ -112,12 +112,7 @@ class Rows:
 
     # where rows go
     def add_fork(self, job: ForkJob, path: str, count: int = 1) -> None:
-        if job.embeds:
-            if len(job.handles) > 1:  # its siblings would need the last embedding each
-                e = ValueError("n > 1 does not run with input embeddings")
-                for handle, out in zip(job.handles, job.outs, strict=True):
-                    handle.put(out.done("error", e))
-                return
+        if job.embeds:  # (n > 1 is refused at submit: each sibling would need its embedding)
             path = "embeddings prefill"  # alone beside the batch, then it decodes there
         job.row.clears = self.config.clear_cache
         self.forks.append(job)

@@ -136,7 +136,7 @@ class Scheduler:
             if needs_own_prefill(req, plan):  # it joins once prefilled (moves.py)
                 job = ForkJob(self._model(), req, [handle], generation_stream, self.tokenizer,
                               plan, self._snapshot(req, plan), outs=[out])  # fmt: skip
-                rows.add_fork(job, "quantized prefill")
+                rows.add_fork(job, "embeddings prefill" if job.embeds else "quantized prefill")
                 continue
             rows.paths["batched"] += 1
             start = plan.start if plan is not None else 0

@@ -12,7 +12,7 @@ and function tools), and the Anthropic fields in the shape of every endpoint's G
   `enable_thinking` (true / true / false).
 - A conversation ending with an assistant turn is a prefill: the reply continues that text.
 - `tool_choice` `any` / `tool` and `output_config.format` are enforced as the row's grammar
-  (`constrain`). User turns' `image` blocks are images (media_anthropic.py); a model that
+  (`constrain`). User turns' `image` blocks are images (anthropic_messages.py); a model that
   takes none refuses them. What cannot be honoured is refused with a 400 naming it, never
   silently dropped: documents, images inside tool results, server tools. Fields that change
   nothing here are accepted and ignored:
@@ -23,9 +23,9 @@ and function tools), and the Anthropic fields in the shape of every endpoint's G
 from dataclasses import dataclass, field
 from typing import Any
 
+from .anthropic_messages import convert_messages
 from .errors import INT64, bad_request
 from .media import DEFAULT_POLICY, MediaPolicy, MediaReader
-from .media_anthropic import convert_with_images
 from .params import NUM, GenParams, check
 from .prompt import Prompt, chat_prompt
 from .speculation import speculative
@@ -142,10 +142,10 @@ def convert_request(
     body: dict[str, Any], server_template_args: dict[str, Any], media: MediaPolicy = DEFAULT_POLICY
 ) -> Conversation:
     """The template inputs of a `/v1/messages` or `/v1/messages/count_tokens` body; a user
-    turn's image blocks are images within `media`, the server's limits (media_anthropic.py)."""
+    turn's image blocks are images within `media`, the server's limits (anthropic_messages.py)."""
     check_output_config(body.get("output_config"))
     reader = MediaReader(media)
-    messages = convert_with_images(body.get("messages"), body.get("system"), reader)
+    messages = convert_messages(body.get("messages"), body.get("system"), reader)
     tools = tool_choice_tools(convert_tools(body.get("tools")), body.get("tool_choice"))
     template_args = {**server_template_args, **thinking_args(body.get("thinking"))}
     last = messages[-1]

@@ -4,6 +4,8 @@ messages (the rules are listed in anthropic_convert.py's docstring)."""
 from typing import Any
 
 from .errors import bad_request
+from .media import MediaReader
+from .media_parts import ImagePart
 
 ROLES = ("user", "assistant")
 _UNSUPPORTED_BLOCKS = {
@@ -68,20 +70,38 @@ def _tool_result_text(block: dict[str, Any], where: str) -> str:
     return "\n".join(texts)
 
 
-def _user_turn(content: Any, where: str) -> list[dict[str, Any]]:
-    """A user turn: its text, with each tool_result as a `tool` message in its place."""
+def image_block(block: dict[str, Any], at: str, reader: MediaReader) -> ImagePart:
+    """An `image` block: `source` base64, or a url under the server's fetch rule."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        pending = reader.base64(source.get("media_type"), source.get("data"), f"{at}.source")
+    elif kind == "url":
+        pending = reader.url(source.get("url"), f"{at}.source.url")
+    else:
+        raise bad_request(f"{at}.source: an image source must be of type 'base64' or 'url'")
+    return ImagePart(pending)
+
+
+def _user_turn(content: Any, where: str, reader: MediaReader | None) -> list[dict[str, Any]]:
+    """A user turn: its text, with each tool_result as a `tool` message in its place; with a
+    `reader`, its image blocks as image placeholders beside its text (media_parts.py)."""
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
 
     def flush() -> None:
-        if texts:
-            out.append({"role": "user", "content": "\n".join(texts)})
-            texts.clear()
+        if any(isinstance(p, ImagePart) for p in parts):
+            out.append({"role": "user", "content": list(parts)})
+        elif parts:
+            out.append({"role": "user", "content": "\n".join(p["text"] for p in parts)})
+        parts.clear()
 
     for j, block in enumerate(_blocks(content, where)):
         at, kind = f"{where}.content.{j}", block["type"]
         if kind == "text":
-            texts.append(_text(block, at))
+            parts.append({"type": "text", "text": _text(block, at)})
+        elif kind == "image" and reader is not None:
+            parts.append(image_block(block, at, reader))
         elif kind == "tool_result":
             tool_use_id = block.get("tool_use_id")
             if not isinstance(tool_use_id, str):
@@ -94,9 +114,7 @@ def _user_turn(content: Any, where: str) -> list[dict[str, Any]]:
         else:
             _refuse_block(kind, at)
     flush()
-    if not out:
-        out.append({"role": "user", "content": ""})
-    return out
+    return out or [{"role": "user", "content": ""}]
 
 
 def _assistant_turn(content: Any, where: str) -> dict[str, Any]:
@@ -135,8 +153,18 @@ def _assistant_turn(content: Any, where: str) -> dict[str, Any]:
     return message
 
 
-def convert_messages(messages: Any, system: Any = None) -> list[dict[str, Any]]:
-    """Anthropic `system` + `messages` -> OpenAI-style chat messages."""
+def _has_image(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == "image" for b in content
+    )
+
+
+def convert_messages(
+    messages: Any, system: Any = None, reader: MediaReader | None = None
+) -> list[dict[str, Any]]:
+    """Anthropic `system` + `messages` -> OpenAI-style chat messages; `reader` (the server's
+    image limits) takes user turns' image blocks, else they are refused."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list", "messages")
     out: list[dict[str, Any]] = []
@@ -152,7 +180,9 @@ def convert_messages(messages: Any, system: Any = None) -> list[dict[str, Any]]:
         if "content" not in m:
             raise bad_request(f"{where}: content is required", "messages")
         if role == "user":
-            out.extend(_user_turn(m["content"], where))
+            out.extend(_user_turn(m["content"], where, reader))
+        elif reader is not None and _has_image(m):
+            raise bad_request(f"{where}: images are taken in user messages only", "messages")
         else:
             out.append(_assistant_turn(m["content"], where))
     return out

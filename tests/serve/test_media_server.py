@@ -1,16 +1,20 @@
 """Images through a live server on the tiny text model: each API's image part is a 400 naming
 the part ("does not take images"); 50 hostile image requests leave it serving; with the served
-facts saying it takes images, the parts reach the built prompt as decoded images, in order."""
+and on a tiny vision model (Qwen2.5-VL's template) the parts reach the built prompt as decoded
+images, in order."""
 
 import base64
 import io
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from fixtures.tiny_vlm import tiny_vlm_dir
 from PIL import Image
+from serve.conftest import LiveServer, start_server
 
 from mlxd.serve import anthropic_convert, openai_api, responses_api
 
@@ -94,24 +98,17 @@ def test_hostile_images_leave_it_serving(qwen3_server, monkeypatch) -> None:
         assert client.get("/health").json()["status"] == "ok"
 
 
-# A vision model's template (Qwen2-VL's placeholders) on the served tokenizer: the text
-# model's own renders no content lists.
-VISION_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}"
-    "{{ m.content }}{% else %}{% for c in m.content %}{% if c.type == 'image' %}"
-    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c.text }}{% endif %}{% endfor %}"
-    "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% endif %}"
-)
+@pytest.fixture(scope="module")
+def vlm_server(qwen3_tokenizer_dir: Path, tmp_path_factory) -> Iterator[LiveServer]:
+    folder = tiny_vlm_dir("qwen2_5_vl", qwen3_tokenizer_dir)
+    live = start_server(model=str(folder), data_dir=str(tmp_path_factory.mktemp("data")))
+    yield live
+    live.stop()
 
 
 @pytest.fixture
-def built(qwen3_server, monkeypatch) -> Iterator[list[Any]]:
-    """The served model said to take images (its facts, and a template that places them);
-    every prompt the three APIs build, recorded."""
-    served = qwen3_server.state.provider.default
-    monkeypatch.setattr(served.facts, "takes_images", True)
-    monkeypatch.setattr(served.tokenizer._tokenizer, "chat_template", VISION_TEMPLATE)
+def built(monkeypatch) -> Iterator[list[Any]]:
+    """Every prompt the three APIs build, recorded."""
     prompts: list[Any] = []
     for module in (openai_api, responses_api, anthropic_convert):
         real = module.chat_prompt
@@ -126,10 +123,10 @@ def built(qwen3_server, monkeypatch) -> Iterator[list[Any]]:
 
 @pytest.mark.parametrize(("path", "body", "where"), APIS)
 def test_images_reach_the_prompt_in_order(
-    qwen3_server, built: list[Any], path: str, body: Any, where: str
+    vlm_server, built: list[Any], path: str, body: Any, where: str
 ) -> None:
     a, b = png(2), png(3)
-    r = httpx.post(qwen3_server.url + path, json=body(a, b, a), timeout=60)
+    r = httpx.post(vlm_server.url + path, json=body(a, b, a), timeout=60)
     assert r.status_code == 200, r.text
     (prompt,) = built
     images = prompt.images
@@ -138,7 +135,7 @@ def test_images_reach_the_prompt_in_order(
         assert np.array_equal(image.pixels, pixels_of(raw))
     assert images[0].digest == images[2].digest != images[1].digest
     assert images[0].where.startswith(where)
-    tok = qwen3_server.state.provider.default.tokenizer
+    tok = vlm_server.state.provider.default.tokenizer
     pad, text = tok.convert_tokens_to_ids("<|image_pad|>"), tok.encode("look")
     assert prompt.tokens.count(pad) == 3  # one placeholder per image, after the text
     first = prompt.tokens.index(pad)
