@@ -33,6 +33,9 @@ STEP_ORDERS = ("pipelined", "thread")
 THREAD_ROWS = 16  # the thread order's floor: at 8 rows its extra GIL hand-offs lost on an H100
 
 
+VISION_BATCH_PIXELS = 4 * 1920 * 1080  # four full-HD screenshots
+
+
 @dataclass
 class EngineConfig:
     """The engine's knobs. The batched-step ones follow mlx-lm's BatchGenerator defaults,
@@ -78,6 +81,10 @@ class EngineConfig:
     prefill_tokens: int | None = field(
         default=None, metadata={"help": "a prefill wave's token budget; None: rows only"}
     )
+    vision_batch_pixels: int = field(
+        default=VISION_BATCH_PIXELS,
+        metadata={"help": "pixels one vision tower call reads for requests waiting together"},
+    )
     gil_phases: bool = field(
         default=False,
         metadata={"help": "the engine thread first at the GIL (--switch-interval engine)"},
@@ -112,6 +119,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.batch < 1:
             raise ValueError("batch must be >= 1")
+        if self.vision_batch_pixels < 1:
+            raise ValueError(f"vision_batch_pixels={self.vision_batch_pixels}: 1 or more")
         if self.step_order not in STEP_ORDERS:
             raise ValueError(f"step order {self.step_order!r}: one of {', '.join(STEP_ORDERS)}")
         if self.thread_rows < 1:
@@ -563,6 +572,12 @@ class ServeConfig:
         "not one per 8 rows (H200, 32 agents on an 8B model: 1.27x tok/s); auto (default): "
         "--prompt-concurrency x --prefill-step-size, mlx-lm's largest wave; 0: mlx-lm's count",
     )  # fmt: skip
+    vision_batch_pixels: int = flag(VISION_BATCH_PIXELS,
+        "--vision-batch-pixels", group=ENGINE, parse=int, engine="vision_batch_pixels",
+        help="image requests that arrive together run the vision tower in one call over as many "
+        "of their images as fit this many pixels, as the processor sized them (a request's "
+        "images stay in one call; the first always runs) (default: 8294400, four 1920x1080)",
+    )  # fmt: skip
     prefill_step_size: int = flag(2048,
         "--prefill-step-size", group=ENGINE, parse=int, engine="prefill_step_size",
         help="prompt tokens per prefill chunk",
@@ -810,7 +825,7 @@ class ServeConfig:
             raise ConfigError(
                 "--kv-config and --kv-bits are mutually exclusive: pick one KV scheme"
             )
-        for name in ("batch", "prompt_concurrency", "prefill_step_size"):
+        for name in ("batch", "prompt_concurrency", "prefill_step_size", "vision_batch_pixels"):
             if (value := getattr(self, name)) is not None and value < 1:
                 raise ConfigError(f"{_flag(_field(name))}: must be 1 or more, not {value}")
         checks = (  # what the flags' parsers make: -1 is auto's token count
@@ -912,6 +927,7 @@ class ServeConfig:
             decode_fused=self.decode_step == "rows+fused",
             batch_sampling={"on": True, "off": False}.get(self.batched_sampling),
             prefill_tokens=wave_tokens,
+            vision_batch_pixels=self.vision_batch_pixels,
             gil_phases=self.switch_interval == "engine",
             step_order=self.step_order or ("thread" if cuda else "pipelined"),
         )

@@ -1,22 +1,28 @@
 """A chat row whose prompt holds images, on a vision model: the processor expands each image's
-placeholder into its patch tokens, the vision tower turns the pixels into the prompt's
-embeddings (here, in the request's thread, before the row is queued), and the row carries
-them with the language model's prompt arguments (mrope's positions for Qwen-VL). A seeded
-sampled row draws as mlx-vlm's generate does (its positioned keys).
+placeholder into its patch tokens, the vision tower turns the pixels into features (in one
+call with the other requests' images waiting beside them, vision_batch.py), the request's
+thread merges its own into the prompt's embeddings before the row is queued, and the row
+carries them with the language model's prompt arguments (mrope's positions for Qwen-VL). A
+seeded sampled row draws as mlx-vlm's generate does (its positioned keys).
 
 The prefix store keys such a row by `media_key`: the prompt with each image's patch tokens
 replaced by negative ids from the digest of its decoded pixels, so a turn that sends the same
 picture again (as any encoding) reuses the cache past it, and another picture never does."""
 
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
 
+from ..config import EngineConfig
 from ..model.vision.prompt import VisionPrompt, vision_prompt
 from ..model.vision.sampling import vision_sampler
 from .errors import bad_request
 from .prompt import Prompt
+from .vision_batch import VisionBatcher
+
+_BATCHER = threading.Lock()  # one batcher per served model, made on its first image request
 
 
 @dataclass
@@ -37,7 +43,7 @@ def expand(served: Any, prompt: Prompt) -> tuple[Prompt, VisionRow | None]:
         vp: VisionPrompt = vision_prompt(model.processor, prompt.text, list(prompt.images))
     except Exception as e:  # noqa: BLE001 - a processor refusing the images is the request's
         raise bad_request(f"the model's processor refused the images: {e}", "messages") from e
-    model.embed(vp)
+    batcher(served).embed(vp)
     arrays = [v for v in vp.model_kwargs.values() if isinstance(v, mx.array)]
     mx.eval(vp.input_ids, vp.embeddings, arrays)  # the engine runs on its own stream
     tokens = vp.input_ids.tolist()
@@ -45,6 +51,16 @@ def expand(served: Any, prompt: Prompt) -> tuple[Prompt, VisionRow | None]:
     key = media_key(tokens, image_token(model.config), vp.digests)
     row = VisionRow(vp.embeddings, kwargs, vp.digests, key)
     return replace(prompt, tokens=tokens, cuts=()), row
+
+
+def batcher(served: Any) -> VisionBatcher:
+    """The served model's vision batcher, its budget the engine's `vision_batch_pixels`."""
+    model = served.model
+    with _BATCHER:
+        if (b := getattr(model, "vision_batcher", None)) is None:
+            config = getattr(served.engine, "config", None) or EngineConfig()
+            b = model.vision_batcher = VisionBatcher(model, config.vision_batch_pixels)
+    return b
 
 
 def sampler_for(served: Any, p: Any) -> Any:

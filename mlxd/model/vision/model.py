@@ -122,10 +122,11 @@ class VisionModel(nn.Module):
             state = {n: getattr(lm, n) for n in _ROW_STATE if hasattr(lm, n)}
             setattr(cache[0], _SLOT, state)
 
-    def embed(self, prompt: VisionPrompt) -> mx.array:
+    def embed(self, prompt: VisionPrompt, features: mx.array | None = None) -> mx.array:
         """The prompt's input embeddings (image features merged in), computed once; fills
         `prompt.embeddings` and adds what mlx-vlm's get_input_embeddings returns besides them
-        (position ids, rope deltas) to `prompt.model_kwargs`."""
+        (position ids, rope deltas) to `prompt.model_kwargs`. `features`: its images' features
+        as `image_features` made them (merged as mlx-vlm merges its cached features)."""
         if prompt.embeddings is not None:
             return prompt.embeddings
         extra = dict(prompt.extra)
@@ -134,8 +135,9 @@ class VisionModel(nn.Module):
         explicit = {
             k: extra[k] for k in ("position_ids", "rope_deltas") if extra.get(k) is not None
         }
+        cached = {} if features is None else {"cached_image_features": features}
         out = self.vlm.get_input_embeddings(
-            prompt.input_ids[None], pixel_values, mask=mask, **extra
+            prompt.input_ids[None], pixel_values, mask=mask, **extra, **cached
         )
         kwargs = dict(extra)
         kwargs.update(
@@ -145,6 +147,49 @@ class VisionModel(nn.Module):
         prompt.model_kwargs = kwargs
         prompt.embeddings = out.inputs_embeds[0]
         return prompt.embeddings
+
+    def tower_key(self, prompt: VisionPrompt) -> tuple[Any, ...] | None:
+        """What prompts whose images go through the tower in one call share (None: this one's
+        run alone, in `embed`): Qwen2.5-VL's patches of any size (per-image attention over
+        their concatenation); Gemma 3's images of one size, stacked. Both are bit-exact
+        batched (tests/serve/test_vision_encoder_batch.py); other towers are not batched."""
+        pixels = prompt.extra.get("pixel_values")
+        if pixels is None or any(k.endswith("_videos") for k in prompt.extra):
+            return None
+        if self.model_type == "qwen2_5_vl" and prompt.extra.get("image_grid_thw") is not None:
+            return ("patches", pixels.shape[1:])
+        if self.model_type == "gemma3" and pixels.ndim == 4:
+            return ("stacked", pixels.shape[1:])
+        return None
+
+    def image_pixels(self, prompt: VisionPrompt) -> int:
+        """Pixels the tower reads for the prompt's images, as its processor sized them."""
+        pixels = prompt.extra["pixel_values"]
+        if self.model_type == "qwen2_5_vl":
+            grid, patch = prompt.extra["image_grid_thw"], self.config.vision_config.patch_size
+            return int((grid[:, 1] * grid[:, 2]).sum().item()) * patch * patch
+        return int(pixels.shape[0] * pixels.shape[-2] * pixels.shape[-1])
+
+    def image_features(self, prompts: Sequence[VisionPrompt]) -> list[mx.array]:
+        """The tower and projector over every prompt's images in one call (prompts of one
+        `tower_key`), split back per prompt: what get_input_embeddings computes for each."""
+        vlm, pixels = self.vlm, [p.extra["pixel_values"] for p in prompts]
+        if self.model_type == "qwen2_5_vl":
+            dtype = vlm.vision_tower.patch_embed.proj.weight.dtype
+            grids = [p.extra["image_grid_thw"] for p in prompts]
+            out = vlm.vision_tower(
+                mx.concatenate(pixels).astype(dtype), mx.concatenate(grids),
+                output_hidden_states=False,
+            )  # fmt: skip
+            merge = self.config.vision_config.spatial_merge_size**2
+            sizes = [int(g.prod(axis=1).sum().item()) // merge for g in grids]
+        else:  # Gemma 3: (N, 3, H, W) stacked, channels last, the text model's dtype
+            dtype = vlm.language_model.model.embed_tokens(mx.array([0])).dtype  # quantized too
+            stacked = mx.concatenate(pixels).transpose(0, 2, 3, 1).astype(dtype)
+            hidden, _, _ = vlm.vision_tower(stacked, output_hidden_states=True)
+            out, sizes = vlm.multi_modal_projector(hidden), [p.shape[0] for p in pixels]
+        cuts = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)]
+        return mx.split(out, cuts) if cuts else [out]
 
 
 def _text_state() -> dict[str, Any]:
