@@ -22,7 +22,7 @@ from PIL import Image
 import mlxd
 from mlxd.model.vision.media import MediaImage
 
-ARCHS = ("qwen2_5_vl", "gemma3")
+ARCHS = ("qwen2_5_vl", "qwen3_vl", "gemma3")
 MAX_TOKENS = 10
 SEEDED = {"temperature": 0.8, "seed": 3}
 

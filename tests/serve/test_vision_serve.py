@@ -32,7 +32,7 @@ def data_url(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "gemma3"])
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl", "gemma3"])
 def vlm(request, qwen3_tokenizer_dir: Path, tmp_path_factory) -> Iterator[dict[str, Any]]:
     folder = tiny_vlm_dir(request.param, qwen3_tokenizer_dir)
     live = start_server(model=str(folder), data_dir=str(tmp_path_factory.mktemp("data")))
