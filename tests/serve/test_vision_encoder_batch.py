@@ -223,3 +223,22 @@ def test_threads_meet_in_one_call(qwen3_tokenizer_dir) -> None:
     for t in threads:
         t.join()
     assert len(batcher.calls) <= 2 and sum(batcher.calls) == 4, batcher.calls
+
+
+def test_qwen3_vl_runs_its_tower_per_request_and_answers_as_alone(
+    qwen3_tokenizer_dir, tmp_path_factory
+) -> None:
+    """Qwen3-VL is not batched: mlx-vlm's merge of cached features drops its deepstack
+    features, so each request runs its own tower inside get_input_embeddings (one call each)."""
+    folder = tiny_vlm_dir("qwen3_vl", qwen3_tokenizer_dir)
+    server = start_server(model=str(folder), data_dir=str(tmp_path_factory.mktemp("data")))
+    try:
+        alone = [chat(server, body(im)) for im in IMAGES]
+        batcher = server.state.provider.default.model.vision_batcher
+        batcher.calls.clear()
+        with ThreadPoolExecutor(len(IMAGES)) as pool:
+            together = list(pool.map(lambda im: chat(server, body(im)), IMAGES))
+        assert batcher.calls == [1, 1, 1, 1]
+        assert [t[0] for t in together] == [a[0] for a in alone]
+    finally:
+        server.stop()
