@@ -84,13 +84,13 @@ def test_anthropic_and_responses_images_give_the_same_tokens(vlm) -> None:
                           "content": [block, {"type": "text", "text": ASK}]}]}  # fmt: skip
     r = httpx.post(vlm["live"].v1 + "/messages", json=body, timeout=120)
     assert r.status_code == 200, r.text
-    assert r.json()["content"][0]["text"] == want.lstrip()  # its text blocks start trimmed
+    assert r.json()["content"][0]["text"] == want.strip()  # its text blocks are trimmed
     item = {"role": "user", "content": [{"type": "input_image", "image_url": data_url(image)},
                                         {"type": "input_text", "text": ASK}]}  # fmt: skip
     body = {"input": [item], "max_output_tokens": TOKENS, "temperature": 0.0}
     r = httpx.post(vlm["live"].v1 + "/responses", json=body, timeout=120)
     assert r.status_code == 200, r.text
-    assert r.json()["output"][-1]["content"][0]["text"] == want.lstrip()
+    assert r.json()["output"][-1]["content"][0]["text"] == want.strip()
 
 
 def test_a_bad_image_is_a_400_naming_the_part_and_the_server_serves_on(vlm) -> None:
