@@ -3,6 +3,7 @@ dependencies (or theirs), except the few a single flag needs, which fail as one 
 
 import ast
 import importlib.metadata as md
+import json
 import sys
 import tomllib
 from pathlib import Path
@@ -19,6 +20,7 @@ OPTIONAL = {
     "matplotlib": "mlxd bench serve --plot (the bench extra)",
     "PIL": "mlxd generate --image, on a vision model (Pillow reads the image)",
     "torch": "MLXD_KERNELS, a profiling aid on CUDA (PyTorch's profiler)",
+    "mlx_vlm": "vision-language models (the vision extra), once a config.json has a vision_config",
 }
 
 
@@ -91,3 +93,17 @@ def test_plot_without_matplotlib_is_one_line_before_any_work(
     message = str(e.value.code)
     assert "\n" not in message and "--plot needs matplotlib" in message
     assert f"{sys.executable} -m pip install 'matplotlib" in message
+
+
+def test_a_vision_folder_without_the_vision_extra_is_not_taken_for_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without mlx-vlm a folder with a vision_config goes the text path, as mlx-lm loads it."""
+    from mlxd.model.vision.load import is_vision_folder
+
+    config = {"model_type": "gemma3", "vision_config": {"model_type": "siglip_vision_model"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert is_vision_folder(tmp_path)
+    monkeypatch.setitem(sys.modules, "mlx_vlm", None)  # import mlx_vlm → ImportError
+    monkeypatch.setitem(sys.modules, "mlx_vlm.utils", None)
+    assert not is_vision_folder(tmp_path)
