@@ -6,7 +6,6 @@ and logprobs equal). Gemma 3's sliding-window layers hold another buffer layout 
 than after one prefill (as in mlx-lm), so its servers run --prefix-deterministic: prefill
 chunks and hits on a grid of GRID tokens, the same in both."""
 
-import base64
 import io
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from fixtures.tiny_vlm import tiny_vlm_dir
 from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 from PIL import Image
 from serve.conftest import LiveServer, start_server
+from serve.test_vision_serve import data_url, png
 
 from mlxd.engine.prefix import clear_of_media
 from mlxd.serve.vision_rows import media_id, media_key
@@ -28,16 +28,8 @@ GRID = 16  # Gemma 3's --prefill-step-size under --prefix-deterministic
 ASK = "What is in the picture?"
 
 
-def png(seed: int, shape: tuple[int, int]) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (*shape, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def image_part(data: bytes) -> dict[str, Any]:
-    url = "data:image/png;base64," + base64.b64encode(data).decode()
-    return {"type": "image_url", "image_url": {"url": url}}
+    return {"type": "image_url", "image_url": {"url": data_url(data)}}
 
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "gemma3"])
